@@ -61,7 +61,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_urls: list[str] = []            # FARM_POLICY_URLS: comma-separated base URLs
     policy_model: str = "smollm2-135m-instruct"   # the served model name
     policy_tokenizer: Optional[str] = None # tokenizer dir or name (default: the prepared embedded model)
-    policy_timeout_s: float = 300.0
+    policy_timeout_s: float = 300.0          # one request to the policy
+    policy_retry_budget_s: float = 120.0     # one model call keeps trying (and waiting for a replica) this long
     policy_max_retries: int = 4
     # Agents: name -> environment and loop settings (from the YAML file).
     agents: dict[str, AgentConfig] = {}
@@ -74,7 +75,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         positive = ("embedded_port", "max_attempts", "visibility_timeout_s", "lease_renew_s", "reclaim_interval_s",
                     "retry_backoff_s", "retry_backoff_max_s", "task_timeout_s", "concurrency",
                     "grace_period_s", "heartbeat_ttl_s", "block_ms", "connect_backoff_s",
-                    "connect_backoff_max_s", "socket_timeout_s", "redis_down_max_s", "policy_timeout_s")
+                    "connect_backoff_max_s", "socket_timeout_s", "redis_down_max_s", "policy_timeout_s",
+                    "policy_retry_budget_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

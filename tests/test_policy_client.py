@@ -1,86 +1,161 @@
-"""Policy client bookkeeping (replica choice, health, parsing) over httpx.MockTransport.
+"""Policy client bookkeeping (replica choice, health, cooling, shared lookups, parsing).
 
-These check the client's own logic, not vLLM's behaviour, so a scripted transport stands in
-for the servers; tests/test_policy.py runs the same client against real vLLM.
+Against real HTTP servers on loopback: bench/policy_stub.py (the latency-injecting
+OpenAI-compatible stand-in) where a well-behaved server will do, and a few lines of
+aiohttp.web where a test needs a server that misbehaves in one exact way. tests/test_policy.py
+runs the same client against real vLLM.
 """
 
 import asyncio
+import time
 
-import httpx
 import pytest
+from aiohttp import web
 
-from workers.chat import parse_tool_calls, BadToolCall, ToolCall, input_messages, chat_tools
-from workers.policy import PolicyClient, PolicyConfig, PolicyRejected, Session
+from bench.policy_stub import Script, StubProcess
+from workers.chat import BadToolCall, ToolCall, chat_tools, input_messages, parse_tool_calls
+from workers.policy import (PolicyClient, PolicyConfig, PolicyRejected, PolicyUnavailable, Session,
+                            retry_after_s)
 
-
-def completion(ids, lps, finish="stop"):
-    return {"choices": [{"text": "x", "finish_reason": finish,
-                         "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": lps}}]}
-
-
-class Servers:
-    def __init__(self):
-        self.health = {"a": 200, "b": 200}
-        self.calls = {"a": 0, "b": 0}
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        host = request.url.host
-        if request.url.path == "/health":
-            return httpx.Response(self.health[host])
-        self.calls[host] += 1
-        return httpx.Response(200, json=completion([5, 6], [-0.1, -0.2]))
+SCRIPT = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=2048)
 
 
-async def test_least_outstanding_sticky_sessions_and_health():
-    servers = Servers()
-    client = PolicyClient(PolicyConfig(urls=["http://a", "http://b"], model="m", probe_interval_s=0.05,
-                                       health_interval_s=0.1), transport=httpx.MockTransport(servers))
+@pytest.fixture
+def stubs(tmp_path):
+    started: list[StubProcess] = []
+
+    def start(**kw) -> StubProcess:
+        stub = StubProcess(SCRIPT, workdir=tmp_path, **{"latency_s": 0.01, **kw}).start()
+        started.append(stub)
+        return stub
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+async def serve(handler) -> tuple[str, web.AppRunner]:
+    """A one-route aiohttp.web server on loopback: for answers the stub never gives."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{runner.addresses[0][1]}", runner
+
+
+async def test_least_outstanding_sticky_sessions_and_health(stubs):
+    a, b = stubs(), stubs()
+    client = PolicyClient(PolicyConfig(urls=[a.url, b.url], model="m", probe_interval_s=0.05,
+                                       health_interval_s=0.1))
     sessions = [Session() for _ in range(8)]
     for s in sessions:
         c = await client.complete([1, 2, 3], {}, s)
-        assert c.ids == [5, 6] and c.logprobs == pytest.approx([-0.1, -0.2])
+        assert c.ids == [5, 6, 2] and c.logprobs == pytest.approx([-0.25] * 3)
     first = {id(s): s.replica.url for s in sessions}
     for s in sessions:
         await client.complete([1], {}, s)
     assert {id(s): s.replica.url for s in sessions} == first  # each rollout stays on its replica
-    assert servers.calls["a"] > 0 and servers.calls["b"] > 0
-    servers.health["b"] = 503
-    await asyncio.sleep(0.4)  # the health monitor notices
+    assert a.stats()["status 200"] > 0 and b.stats()["status 200"] > 0
+    b.control(fault=503)  # /health answers 503 too
+    await asyncio.sleep(0.4)  # the health monitor notices (b served nothing for a health interval)
     assert not client.replicas[1].healthy
     for s in sessions:
         await client.complete([1], {}, s)
-        assert s.replica.url == "http://a"
+        assert s.replica.url == a.url
     assert sum(s.moves for s in sessions) >= 1
-    servers.health["b"] = 200
+    b.control(fault=None)
     await asyncio.sleep(0.3)
     assert client.replicas[1].healthy
+    await client.aclose()
+
+
+async def test_max_model_len_is_looked_up_once_per_replica(stubs):
+    stub = stubs()
+    client = PolicyClient(PolicyConfig(urls=[stub.url], model="m"))
+    lens = await asyncio.gather(*(client.max_model_len(Session()) for _ in range(500)))
+    await client.aclose()
+    assert set(lens) == {2048}
+    assert stub.stats()["GET /v1/models"] == 1
+
+
+async def test_429_with_retry_after_is_honoured(stubs):
+    stub = stubs(fault=429, retry_after=1.5)
+    client = PolicyClient(PolicyConfig(urls=[stub.url], model="m", retry_budget_s=30))
+    start = time.monotonic()
+    call = asyncio.create_task(client.complete([1], {}, Session()))
+    await asyncio.sleep(0.3)
+    stub.control(fault=None)  # answers again, but the client must keep away until Retry-After passes
+    assert not client.ready() and not client.replicas[0].ready(time.monotonic())
+    await asyncio.sleep(0.7)
+    assert stub.stats()["POST /v1/completions"] == 1, "no request while the replica cools"
+    c = await asyncio.wait_for(call, 10)
+    assert c.ids == [5, 6, 2] and time.monotonic() - start >= 1.4
+    assert stub.stats()["POST /v1/completions"] == 2 and client.ready()
+    await client.aclose()
+
+
+async def test_cooling_replica_sends_requests_to_the_other(stubs):
+    a, b = stubs(fault=429, retry_after=30), stubs()
+    client = PolicyClient(PolicyConfig(urls=[a.url, b.url], model="m"))
+    s = Session(replica=client.replicas[0])
+    for _ in range(5):
+        await client.complete([1], {}, s)
+    await client.aclose()
+    assert a.stats()["POST /v1/completions"] == 1 and b.stats()["POST /v1/completions"] == 5
+    assert s.replica.url == b.url and s.moves == 1
+
+
+async def test_budget_spent_on_a_dead_server_is_a_policy_failure_with_the_reason(stubs):
+    stub = stubs()
+    stub.stop()
+    client = PolicyClient(PolicyConfig(urls=[stub.url], model="m", retry_budget_s=1.0, backoff_s=0.05))
+    start = time.monotonic()
+    with pytest.raises(PolicyUnavailable, match=r"1s retry budget.*ClientConnectorError") as info:
+        await client.complete([1], {}, Session())
+    assert time.monotonic() - start < 10
+    assert info.value.kind == "policy" and not info.value.retryable
+    assert not client.ready()  # out of rotation: the worker would stop fetching
     await client.aclose()
 
 
 async def test_unreadable_or_inconsistent_completions_are_rejected():
     bodies = iter([{"choices": []},
                    {"choices": [{"logprobs": {"tokens": ["token_id:1", "token_id:2"], "token_logprobs": [-1.0]}}]}])
-    client = PolicyClient(PolicyConfig(urls=["http://a"], model="m"),
-                          transport=httpx.MockTransport(lambda r: httpx.Response(200, json=next(bodies))))
+    async def handler(request):
+        return web.json_response(next(bodies))
+
+    url, runner = await serve(handler)
+    client = PolicyClient(PolicyConfig(urls=[url], model="m"))
     with pytest.raises(PolicyRejected, match="unreadable"):
         await client.complete([1], {}, Session())
     with pytest.raises(PolicyRejected, match="2 token ids but 1 logprobs"):
         await client.complete([1], {}, Session())
     await client.aclose()
+    await runner.cleanup()
 
 
 async def test_client_errors_are_not_retried():
     calls = []
 
-    def handler(request):
+    async def handler(request):
         calls.append(1)
-        return httpx.Response(422, text="bad field")
+        return web.Response(status=422, text="bad field")
 
-    client = PolicyClient(PolicyConfig(urls=["http://a"], model="m"), transport=httpx.MockTransport(handler))
+    url, runner = await serve(handler)
+    client = PolicyClient(PolicyConfig(urls=[url], model="m"))
     with pytest.raises(PolicyRejected, match="HTTP 422"):
         await client.complete([1], {}, Session())
     assert len(calls) == 1
     await client.aclose()
+    await runner.cleanup()
+
+
+def test_retry_after_header_forms():
+    assert retry_after_s("2.5") == 2.5 and retry_after_s(None) is None and retry_after_s("soon") is None
+    when = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))
+    assert 25 < retry_after_s(when) <= 30
 
 
 def test_parse_tool_calls():

@@ -2,7 +2,9 @@
 
 An agent turns one Task into one Rollout. It may raise `RolloutFailure(kind, message,
 retryable=...)` for failures it understands; any other exception, and running past the
-attempt's time limit, counts as a retryable failure. The worker owns delivery (retries,
+attempt's time limit, counts as a retryable failure. An agent whose model can be unavailable
+may also define `ready() -> bool` and `async wait_ready()`: the worker fetches no task while
+`ready()` is false. The worker owns delivery (retries,
 dead letters, acks); the agent never talks to the queue.
 
 Agents are looked up by name: the built-ins below, then the `farm.agents` entry point group,
@@ -98,6 +100,7 @@ def policy_agent(name: str, settings: Settings) -> Agent:
         raise ConfigError(f"cannot load the tokenizer from {settings.tokenizer_path}: {exc} "
                           "(set policy_tokenizer, or run `farm policy prepare`)") from None
     policy = PolicyClient(PolicyConfig(urls=list(settings.policy_urls), model=settings.policy_model,
-                                       timeout_s=settings.policy_timeout_s, max_retries=settings.policy_max_retries,
+                                       timeout_s=settings.policy_timeout_s,
+                                       retry_budget_s=settings.policy_retry_budget_s,
                                        max_connections=max(8, settings.concurrency)))
     return PolicyAgent(env, policy, tokenizer, loop_settings)

@@ -9,15 +9,34 @@ only the difference, so the sampled ids are never re-tokenized.
 Templates without tool support (SmolLM2's, for one) get the tools described in the system
 prompt in the Hermes convention that Qwen-family templates use natively:
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+
+Thousands of loops share one tokenizer, and most of a first prompt is the same for every row
+of an environment (its system prompt and tool schemas), so the ids of that prefix are
+cached: the prompt's text is cut right after the last special token the prefix renders
+(tokenizers never merge across a special token), only the rest is tokenized, and the split
+is checked once per prefix against tokenizing the whole text. Likewise the environment's
+ids after a turn are found by rendering only the turn's neighbourhood (the system message,
+the last user message, the assistant turn, the new messages) instead of the whole
+conversation twice; the first few of those are checked against the full render, and a
+template whose output depends on more of the conversation falls back to it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Optional
+
+import msgspec
+
+log = logging.getLogger("farm.chat")
+_fast_json = msgspec.json.Encoder().encode
+PREFIX_CACHE_SIZE = 256      # distinct (system prompt, tools) prefixes kept per tokenizer
+CHECKED_APPENDS = 16         # incremental append_ids checked against the full render
 
 TOOL_SYSTEM = (
     "You may call one or more functions to assist with the user query. The functions are described "
@@ -113,6 +132,11 @@ class ChatTokenizer:
             raise ValueError(f"tokenizer at {path} has no chat template")
         self.eos = self.tok.eos_token
         self.eos_id = self.tok.eos_token_id
+        self._specials = sorted((t for t in self.tok.all_special_tokens if t), key=len, reverse=True)
+        self._prefixes: OrderedDict[tuple, Optional[tuple[str, list[int]]]] = OrderedDict()
+        self._tool_texts: dict[bytes, str] = {}
+        self._appends_checked = 0
+        self._incremental = True
 
     @cached_property
     def native_tools(self) -> bool:
@@ -131,7 +155,13 @@ class ChatTokenizer:
         """Messages and tools as the template should see them (tools in the system prompt if need be)."""
         if not tools or self.native_tools:
             return messages, tools or None
-        text = TOOL_SYSTEM.format(schemas="\n".join(json.dumps(t["function"]) for t in tools))
+        key = _fast_json(tools)
+        text = self._tool_texts.get(key)
+        if text is None:
+            text = TOOL_SYSTEM.format(schemas="\n".join(json.dumps(t["function"]) for t in tools))
+            if len(self._tool_texts) >= PREFIX_CACHE_SIZE:
+                self._tool_texts.clear()
+            self._tool_texts[key] = text
         if messages and messages[0]["role"] == "system":
             return [{"role": "system", "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]], None
         return [{"role": "system", "content": text}, *messages], None
@@ -143,7 +173,35 @@ class ChatTokenizer:
         return self.tok.decode(ids, skip_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict], tools: Optional[list[dict]]) -> list[int]:
-        return self.encode(self._render(messages, tools, True))
+        text = self._render(messages, tools, True)
+        n = 0
+        while n < len(messages) and messages[n].get("role") == "system":
+            n += 1
+        if n == 0 or n == len(messages):
+            return self.encode(text)
+        key = (tuple(m.get("content") for m in messages[:n]), _fast_json(tools) if tools else None)
+        if key not in self._prefixes:
+            self._prefixes[key] = self._split_prefix(messages[:n], tools, text)
+            if len(self._prefixes) > PREFIX_CACHE_SIZE:
+                self._prefixes.popitem(last=False)
+        cached = self._prefixes[key]
+        if cached is None or not text.startswith(cached[0]):
+            return self.encode(text)
+        return cached[1] + self.encode(text[len(cached[0]):])
+
+    def _split_prefix(self, system: list[dict], tools: Optional[list[dict]],
+                      text: str) -> Optional[tuple[str, list[int]]]:
+        """The prefix text up to its last special token and that text's ids, if splitting there is exact."""
+        rendered = self._render(system, tools, False)
+        cut = max((rendered.rfind(t) + len(t) for t in self._specials if t in rendered), default=-1)
+        if cut <= 0 or not text.startswith(rendered[:cut]):
+            return None
+        prefix = rendered[:cut]
+        ids = self.encode(prefix)
+        if ids + self.encode(text[cut:]) != self.encode(text):
+            log.info("chat template prefix does not tokenize apart from the rest; not caching it")
+            return None
+        return prefix, ids
 
     def append_ids(self, history: list[dict], tools: Optional[list[dict]], new: list[dict]) -> list[int]:
         """Ids the environment adds after a sampled turn that ended with EOS.
@@ -151,8 +209,23 @@ class ChatTokenizer:
         `history` ends with the assistant message just sampled. The rendered template of
         history + new messages (with the generation prompt) extends the render of history;
         the environment's text is that extension plus whatever the template writes after the
-        assistant's EOS (e.g. ChatML's newline), which the model did not sample.
+        assistant's EOS (e.g. ChatML's newline), which the model did not sample. Only the
+        turn's neighbourhood is rendered (see the module docstring).
         """
+        if not self._incremental:
+            return self.encode(self._appended(history, tools, new))
+        text = self._appended(_neighbourhood(history), tools, new)
+        if self._appends_checked < CHECKED_APPENDS:
+            self._appends_checked += 1
+            full = self._appended(history, tools, new)
+            if full != text:
+                self._incremental = False
+                log.warning("chat template renders a turn differently without the whole conversation; "
+                            "rendering whole conversations from now on")
+                text = full
+        return self.encode(text)
+
+    def _appended(self, history: list[dict], tools: Optional[list[dict]], new: list[dict]) -> str:
         before = self._render(history, tools, False)
         after = self._render(history + new, tools, True)
         if not after.startswith(before):
@@ -160,4 +233,13 @@ class ChatTokenizer:
         cut = before.rfind(self.eos)
         if cut < 0:
             raise ValueError(f"rendered assistant turn lacks the EOS token {self.eos!r}")
-        return self.encode(before[cut + len(self.eos):] + after[len(before):])
+        return before[cut + len(self.eos):] + after[len(before):]
+
+
+def _neighbourhood(history: list[dict]) -> list[dict]:
+    """The messages a turn's rendering can depend on: the system message, the last user message, and on."""
+    start = len(history) - 1
+    while start > 0 and history[start].get("role") != "user":
+        start -= 1
+    head = history[:1] if history and history[0].get("role") == "system" and start > 0 else []
+    return head + history[start:]

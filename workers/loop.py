@@ -36,9 +36,17 @@ class PolicyAgent:
         self.tok = tokenizer
         self.settings = settings or env.agent
         self.tools: dict[str, Tool] = {t.name: t for t in env.tools()}
+        self.schemas = chat_tools([t.schema() for t in self.tools.values()])
 
     async def aclose(self) -> None:
         await self.policy.aclose()
+
+    def ready(self) -> bool:
+        """Whether some policy replica can take a request now (the worker fetches only then)."""
+        return self.policy.ready()
+
+    async def wait_ready(self) -> None:
+        await self.policy.wait_ready()
 
     def _sampling(self, task: Task) -> dict[str, Any]:
         s = task.sampling
@@ -59,7 +67,7 @@ class PolicyAgent:
             messages = input_messages(params)
         except ValueError as exc:
             raise RolloutFailure(ErrorKind.malformed, str(exc)) from None
-        schemas = chat_tools(params.get("tools") or [t.schema() for t in self.tools.values()])
+        schemas = chat_tools(params["tools"]) if params.get("tools") else self.schemas
         history, template_tools = self.tok.with_tools(messages, schemas)
         followups = [m if isinstance(m, str) else m.get("content", "") for m in row.get("follow_up_messages", [])]
         state = self.env.new_state(row)

@@ -12,6 +12,14 @@ plus a `failed` rollout. On SIGTERM/SIGINT the worker stops fetching, lets in-fl
 rollouts finish within the grace period, and hands the rest back (their idle time is set
 past the visibility timeout so other workers take them at once). A second signal skips
 the grace period.
+
+An agent may tell the worker it cannot take work (the policy's every replica down or
+rate-limited): while its `ready()` is false the fetch loop fetches nothing and waits on its
+`wait_ready()`, so tasks stay safe in the stream instead of failing one attempt after another.
+
+Each loop holds a connection to the policy, so a worker needs about one descriptor per loop:
+at start it raises its soft RLIMIT_NOFILE to the hard limit, and refuses to start when the
+concurrency needs more than the hard limit allows.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import json
 import logging
 import os
 import random
+import resource
 import signal
 import socket
 import time
@@ -32,13 +41,34 @@ import msgspec
 
 from farm import schema
 from farm.connection import RETRYABLE, connect
-from farm.errors import RolloutFailure, SchemaError, TransportError
+from farm.errors import ConfigError, RolloutFailure, SchemaError, TransportError
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.streams import AgentStream, Backoff, Settler
 from workers.agent import Agent, AgentContext
 
 log = logging.getLogger("farm.worker")
+
+
+FILES_RESERVED = 256  # Redis connections, logs, the tokenizer, sandboxes: beside one socket per loop
+
+
+def raise_open_files(concurrency: int) -> int:
+    """Raise the soft open-file limit to the hard one; refuse a concurrency the hard limit cannot carry."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = concurrency + FILES_RESERVED
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise ConfigError(f"concurrency {concurrency} needs about {need} open files (one connection per loop), "
+                          f"but this process may open at most {hard} (hard RLIMIT_NOFILE): raise it "
+                          f"(`ulimit -Hn`, LimitNOFILE in systemd, ulimits in Docker/Kubernetes) or lower "
+                          f"--concurrency to {max(1, hard - FILES_RESERVED)}")
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        target = need if hard == resource.RLIM_INFINITY else hard
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("raised the open-file limit from %d to %d", soft, target)
+            soft = target
+    return soft
 
 
 def new_worker_id(agent: str) -> str:
@@ -82,6 +112,7 @@ class Worker:
 
     # -- main --------------------------------------------------------------------------
     async def run(self) -> Counter:
+        raise_open_files(self.concurrency)
         self.r = connect(self.settings)
         self.stream = AgentStream(self.r, self.settings.keys, self.agent_name, self.worker_id)
         await self._with_retry(self.stream.setup, "setting up the stream")
@@ -136,6 +167,9 @@ class Worker:
                 self._slot.clear()
                 await self._slot.wait()
                 continue
+            if not self._agent_ready():
+                await self._pause_fetching()
+                continue
             try:
                 if time.monotonic() >= next_reclaim:
                     next_reclaim = time.monotonic() + s.reclaim_interval_s
@@ -150,6 +184,24 @@ class Worker:
                 self._backoff.ok()
             except RETRYABLE as exc:
                 await self._backoff.wait(exc, "fetching tasks")
+
+    def _agent_ready(self) -> bool:
+        ready = getattr(self.agent, "ready", None)
+        return ready is None or ready()
+
+    async def _pause_fetching(self) -> None:
+        """Fetch nothing until the agent can take work again (or the worker stops)."""
+        started = time.monotonic()
+        self.counters["fetch_paused"] += 1
+        log.warning("the agent cannot take work (no policy replica available): not fetching tasks until it can")
+        waiters = [asyncio.ensure_future(self.agent.wait_ready()), asyncio.ensure_future(self._stopping.wait())]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        if not self._stopping.is_set():
+            log.info("fetching tasks again after %.1fs", time.monotonic() - started)
 
     def _start(self, entry_id: str, fields: dict, deliveries: int) -> None:
         picked = time.time()
