@@ -42,5 +42,5 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # One line per HTTP request to the policy is noise at INFO; failures surface through our own logs.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
-    logging.getLogger("httpcore").setLevel(max(logging.WARNING, root.level))
+    for name in ("httpx", "httpcore", "httpx2"):  # httpx2: the openai client's (policy_kind chat/responses)
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

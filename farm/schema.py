@@ -196,6 +196,9 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics: dict[str, Any] = {}
     output: list[dict[str, Any]] = []
     trace: Optional[TokenTrace] = None
+    # False for rollouts that carry text but no token ids (policy_kind chat/responses): the
+    # trainer refuses them instead of training on re-tokenized text.
+    trainable: bool = True
     policy_version: int = 0
     timings: Timings = msgspec.field(default_factory=Timings)
     worker_id: str = ""

@@ -4,6 +4,13 @@ Precedence, lowest first: defaults, the YAML file (`--config` or FARM_CONFIG), e
 variables (FARM_ + the field name in upper case, e.g. FARM_REDIS_URL, FARM_MAX_ATTEMPTS),
 then explicit overrides from the command line. A bad value fails at start-up with a
 ConfigError naming where it came from.
+
+The YAML file also takes NeMo Gym's env.yaml keys for the policy (`policy_base_url`,
+`policy_api_key`, `policy_model_name`), so one env.yaml serves both. Policy URLs are kept as
+the server root (a trailing `/v1` is dropped): each client appends its own path.
+
+`policy_api_key` is a secret: it comes only from the file, FARM_POLICY_API_KEY or (for the
+openai kinds) OPENAI_API_KEY, never from a command-line option, and Settings' repr masks it.
 """
 
 from __future__ import annotations
@@ -64,6 +71,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_timeout_s: float = 300.0          # one request to the policy
     policy_retry_budget_s: float = 120.0     # one model call keeps trying (and waiting for a replica) this long
     policy_max_retries: int = 4
+    # tokens: token-in/token-out against vLLM's /v1/completions (trainable traces);
+    # chat / responses: any OpenAI-compatible server through the openai client (text only, not trainable).
+    policy_kind: Literal["tokens", "chat", "responses"] = "tokens"
+    policy_api_key: Optional[str] = None   # file or FARM_POLICY_API_KEY; OPENAI_API_KEY for chat/responses
     # Agents: name -> environment and loop settings (from the YAML file).
     agents: dict[str, AgentConfig] = {}
     # Logging.
@@ -85,6 +96,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for url in self.policy_urls:
             if urlsplit(url).scheme not in ("http", "https"):
                 raise ValueError(f"policy URL {url!r} must start with http:// or https://")
+        self.policy_urls = [server_root(url) for url in self.policy_urls]
         if self.connect_retries < 0:
             raise ValueError("connect_retries must be >= 0")
         if self.lease_renew_s >= self.visibility_timeout_s:
@@ -112,6 +124,27 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def replace(self, **changes: Any) -> "Settings":
         return load_settings(env={}, base=self, overrides=changes)
 
+    def __repr__(self) -> str:
+        return f"Settings({', '.join(f'{name}={value!r}' for name, value in self.__rich_repr__())})"
+
+    def __rich_repr__(self):
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            yield name, (MASKED if name == "policy_api_key" and value is not None else value)
+
+
+MASKED = "<hidden>"
+# NeMo Gym env.yaml keys accepted in the settings file -> the farm's own names.
+NEMO_GYM_ALIASES = {"policy_base_url": "policy_urls", "policy_model_name": "policy_model"}
+
+
+def server_root(url: str) -> str:
+    """A policy base URL without trailing slashes or `/v1`: the clients append their own paths."""
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3].rstrip("/")
+    return url
+
 
 FIELDS = tuple(Settings.__struct_fields__)
 
@@ -126,6 +159,8 @@ def load_settings(path: str | os.PathLike | None = None, *, env: Mapping[str, st
     if path:
         raw.update(_read_yaml(Path(path)))
         sources.update({k: f"{path}: {k}" for k in raw})
+        if isinstance(raw.get("policy_urls"), str):  # NeMo Gym's policy_base_url may be one string
+            raw["policy_urls"] = [u.strip() for u in raw["policy_urls"].split(",") if u.strip()]
     for name in FIELDS:
         var = ENV_PREFIX + name.upper()
         if var in env and env[var] != "":
@@ -141,9 +176,12 @@ def load_settings(path: str | os.PathLike | None = None, *, env: Mapping[str, st
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)} in {path}; known: {', '.join(FIELDS)}")
     try:
-        return msgspec.convert(raw, Settings, strict=False)
+        settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(_explain(exc, sources)) from None
+    if settings.policy_kind != "tokens" and settings.policy_api_key is None and env.get("OPENAI_API_KEY"):
+        settings.policy_api_key = env["OPENAI_API_KEY"]
+    return settings
 
 
 def read_yaml_mapping(path: str | os.PathLike) -> dict[str, Any]:
@@ -164,7 +202,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     farm = data.get("farm", data)  # a shared config file may nest the farm's part under `farm:`
     if not isinstance(farm, dict):
         raise ConfigError(f"config file {path}: `farm:` must be a mapping")
-    return dict(farm)
+    farm = dict(farm)
+    for alias, name in NEMO_GYM_ALIASES.items():
+        if alias in farm:
+            if name in farm:
+                raise ConfigError(f"config file {path} sets both {alias} (NeMo Gym's name) and {name}; keep one")
+            farm[name] = farm.pop(alias)
+    return farm
 
 
 def _explain(exc: msgspec.ValidationError, sources: dict[str, str]) -> str:

@@ -11,6 +11,10 @@ As in TRL's NeMo Gym example, each dataset prompt is a whole NeMo Gym row serial
 so `agent_ref` travels with it and one batch can mix environments: each prompt becomes one
 Task on its agent's stream, `group_id` shared by the group, `sample_index` its place in it.
 
+A rollout without token ids (policy_kind chat/responses: `trainable` False, or ok without a
+trace) stops training with a ConfigError: it cannot be trained on, and masking every one of
+them would train on nothing while looking healthy.
+
 A failed rollout (the worker's `failed` record, or no answer before the deadline) is masked,
 never scored 0: one placeholder token with env_mask 0 (nothing reaches the loss), and
 `env_reward=None`, which TRL turns into NaN and excludes from the group baseline and the
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from farm.client import FarmClient
+from farm.errors import ConfigError
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
 
@@ -219,6 +224,10 @@ class FarmRollout:
     def sample(self, task: Task, rollout: Rollout) -> Sample:
         agent = task.agent_ref.name
         trace = rollout.trace
+        if rollout.ok and (not rollout.trainable or trace is None):
+            raise ConfigError(f"agent {agent!r} sent a rollout without token ids (task {task.task_id}): rollouts "
+                              "from policy_kind chat/responses carry no token ids; train with policy_kind tokens "
+                              "against vLLM")
         usable = rollout.ok and rollout.reward is not None and trace is not None and len(trace.completion_ids) > 0
         if usable:
             return Sample(list(trace.prompt()), list(trace.completion()), list(trace.completion_logprobs()),

@@ -176,7 +176,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"farm train: {exc}", file=sys.stderr)
         return 2
-    summary = run_train(settings, cfg)
+    try:
+        summary = run_train(settings, cfg)
+    except ConfigError as exc:  # e.g. rollouts without token ids reaching the trainer
+        print(f"farm train: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(summary))
     return 0
 

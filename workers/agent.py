@@ -75,7 +75,7 @@ def load_agent(name: str, settings: Settings, impl: str | None = None) -> Agent:
 
 
 def policy_agent(name: str, settings: Settings) -> Agent:
-    """A PolicyAgent for agent `name`: its environment, the policy client and the tokenizer."""
+    """The agent for `name`: a PolicyAgent (tokens: policy client + tokenizer) or a HostedAgent (chat, responses)."""
     import dataclasses
 
     from envs.base import load_env
@@ -94,6 +94,10 @@ def policy_agent(name: str, settings: Settings) -> Agent:
     if not settings.policy_urls:
         raise ConfigError(f"agent {name!r} calls a policy: set policy_urls (FARM_POLICY_URLS), "
                           "e.g. to the URL `farm policy serve` prints")
+    if settings.policy_kind != "tokens":  # text through the openai client: no tokenizer, no token ids
+        from workers.hosted import HostedAgent
+
+        return HostedAgent(env, settings, loop_settings)
     try:
         tokenizer = ChatTokenizer(settings.tokenizer_path)
     except (OSError, ValueError) as exc:

@@ -15,7 +15,6 @@ fails the rollout (kind `invariant`) rather than feeding the trainer wrong token
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any, Optional
@@ -24,6 +23,7 @@ from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Status, Task, Timings, TokenTrace
 from envs.base import AgentSettings, Environment, Tool, Transcript
 from workers.agent import AgentContext
+from workers.env_calls import call_tool, verify
 from workers.chat import BadToolCall, ChatTokenizer, chat_tools, input_messages, parse_tool_calls
 from workers.policy import ContextOverflow, PolicyClient, Session
 
@@ -155,15 +155,7 @@ class PolicyAgent:
                        replica_moves=session.moves)
         transcript = Transcript(final_text=final_text, output=output, tool_calls=calls_made, truncated=truncated)
         t2 = time.perf_counter()
-        try:
-            verdict = await asyncio.wait_for(self.env.verify(row, state, transcript), self.settings.verify_timeout_s)
-        except asyncio.TimeoutError:
-            raise RolloutFailure(ErrorKind.verifier,
-                                 f"verifier ran past {self.settings.verify_timeout_s}s") from None
-        except RolloutFailure:
-            raise
-        except Exception as exc:
-            raise RolloutFailure(ErrorKind.verifier, f"verifier raised {type(exc).__name__}: {exc}") from None
+        verdict = await verify(self.env, row, state, transcript, self.settings.verify_timeout_s)
         timings.verify_s = time.perf_counter() - t2
         metrics.update(verdict.metrics)
         return Rollout.for_task(task, status=Status.truncated if truncated else Status.ok, reward=verdict.reward,
@@ -191,19 +183,4 @@ class PolicyAgent:
         return results
 
     async def _call(self, name: str, arguments: dict, state: Any, metrics: dict) -> str:
-        tool = self.tools.get(name)
-        if tool is None:
-            metrics["bad_tool_calls"] += 1
-            return f"Error: unknown tool {name!r}; available: {', '.join(sorted(self.tools)) or 'none'}"
-        try:
-            value = await asyncio.wait_for(tool.fn(state, **arguments), self.settings.tool_timeout_s)
-        except asyncio.TimeoutError:
-            metrics["tool_errors"] += 1
-            return f"Error: tool {name} ran past {self.settings.tool_timeout_s}s"
-        except TypeError as exc:
-            metrics["tool_errors"] += 1
-            return f"Error: bad arguments for {name}: {exc}"
-        except Exception as exc:
-            metrics["tool_errors"] += 1
-            return f"Error: tool {name} failed: {type(exc).__name__}: {exc}"
-        return value if isinstance(value, str) else json.dumps(value)
+        return await call_tool(self.tools, name, arguments, state, self.settings.tool_timeout_s, metrics)
