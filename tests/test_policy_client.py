@@ -179,3 +179,33 @@ def test_rows_in_nemo_gym_format_become_messages_and_tools():
     assert input_messages({"input": "plain"}) == [{"role": "user", "content": "plain"}]
     with pytest.raises(ValueError, match="without a role"):
         input_messages({"input": [{"content": "x"}]})
+
+
+def test_template_frames_give_the_template_text(tokenizer):
+    """Prompt and environment ids from cached frames equal the full template's, row after row."""
+    system = [{"role": "system", "content": "You are terse."}]
+    for i in range(20):
+        question = f"What is {i} + {i}?" if i % 3 else f"  odd <b>{i}</b> spacing "
+        messages = system + [{"role": "user", "content": question}]
+        want = tokenizer.encode(tokenizer._render(messages, None, True))
+        assert tokenizer.prompt_ids(messages, None) == want
+        history = messages + [{"role": "assistant", "content": f"Answer {i}"}]
+        new = [{"role": "tool", "content": f'{{"sum": {2 * i}}}'}, {"role": "user", "content": f"Next {i}"}]
+        assert tokenizer.append_ids(history, None, new) == tokenizer.encode(tokenizer._appended(history, None, new))
+    framed = {k[0] for k, v in tokenizer._frames.items() if v is not None}
+    assert framed == {"prompt", "append"}, "the frames served these texts, not the fallback"
+
+
+def test_a_template_that_looks_at_contents_loses_its_frame(model_dir):
+    from workers.chat import ChatTokenizer
+
+    tok = ChatTokenizer(str(model_dir))
+    tok.tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content|length > 20 %}LONG {% endif %}"
+        "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "a question longer than twenty"}]
+    ids = tok.prompt_ids(messages, None)
+    assert tok.decode(ids).count("LONG") == 1 and ids == tok.encode(tok._render(messages, None, True))
+    assert [v for k, v in tok._frames.items() if k[0] == "prompt"] == [None]  # dropped for good
+    short = [messages[0], {"role": "user", "content": "short"}]
+    assert tok.prompt_ids(short, None) == tok.encode(tok._render(short, None, True))

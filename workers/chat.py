@@ -14,11 +14,15 @@ Thousands of loops share one tokenizer, and most of a first prompt is the same f
 of an environment (its system prompt and tool schemas), so the ids of that prefix are
 cached: the prompt's text is cut right after the last special token the prefix renders
 (tokenizers never merge across a special token), only the rest is tokenized, and the split
-is checked once per prefix against tokenizing the whole text. Likewise the environment's
-ids after a turn are found by rendering only the turn's neighbourhood (the system message,
-the last user message, the assistant turn, the new messages) instead of the whole
-conversation twice; the first few of those are checked against the full render, and a
-template whose output depends on more of the conversation falls back to it.
+is checked once per prefix against tokenizing the whole text. The template itself is not
+rendered per rollout either: for each conversation shape (the prefix, then the roles of the
+messages after it) it is rendered once with placeholders for the message contents, and later
+texts are that frame with the contents put in. The environment's ids after a turn come from
+a frame of the turn's neighbourhood (the system message, the last user message, the assistant
+turn, the new messages). The first renders of every frame are checked against the full
+template over the whole conversation; a frame that ever differs is dropped for good, and
+contents a template might treat specially (leading or trailing whitespace, `<`) always go
+through the template.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import msgspec
 log = logging.getLogger("farm.chat")
 _fast_json = msgspec.json.Encoder().encode
 PREFIX_CACHE_SIZE = 256      # distinct (system prompt, tools) prefixes kept per tokenizer
-CHECKED_APPENDS = 16         # incremental append_ids checked against the full render
+CHECKED_FRAMES = 8           # uses of each frame checked against the full render
+_SLOT = "\x00farm-slot-{}\x00"
 
 TOOL_SYSTEM = (
     "You may call one or more functions to assist with the user query. The functions are described "
@@ -135,8 +140,8 @@ class ChatTokenizer:
         self._specials = sorted((t for t in self.tok.all_special_tokens if t), key=len, reverse=True)
         self._prefixes: OrderedDict[tuple, Optional[tuple[str, list[int]]]] = OrderedDict()
         self._tool_texts: dict[bytes, str] = {}
-        self._appends_checked = 0
-        self._incremental = True
+        self._frames: OrderedDict[tuple, Optional[list[str]]] = OrderedDict()
+        self._checked: dict[tuple, int] = {}
 
     @cached_property
     def native_tools(self) -> bool:
@@ -173,13 +178,18 @@ class ChatTokenizer:
         return self.tok.decode(ids, skip_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict], tools: Optional[list[dict]]) -> list[int]:
-        text = self._render(messages, tools, True)
         n = 0
         while n < len(messages) and messages[n].get("role") == "system":
             n += 1
         if n == 0 or n == len(messages):
-            return self.encode(text)
+            return self.encode(self._render(messages, tools, True))
         key = (tuple(m.get("content") for m in messages[:n]), _fast_json(tools) if tools else None)
+        head, rest = messages[:n], messages[n:]
+
+        def render(contents: list[str]) -> str:
+            return self._render(head + [{**m, "content": c} for m, c in zip(rest, contents)], tools, True)
+
+        text = self._framed(("prompt", key, tuple(m.get("role") for m in rest)), render, rest)
         if key not in self._prefixes:
             self._prefixes[key] = self._split_prefix(messages[:n], tools, text)
             if len(self._prefixes) > PREFIX_CACHE_SIZE:
@@ -212,18 +222,51 @@ class ChatTokenizer:
         assistant's EOS (e.g. ChatML's newline), which the model did not sample. Only the
         turn's neighbourhood is rendered (see the module docstring).
         """
-        if not self._incremental:
-            return self.encode(self._appended(history, tools, new))
-        text = self._appended(_neighbourhood(history), tools, new)
-        if self._appends_checked < CHECKED_APPENDS:
-            self._appends_checked += 1
-            full = self._appended(history, tools, new)
-            if full != text:
-                self._incremental = False
-                log.warning("chat template renders a turn differently without the whole conversation; "
-                            "rendering whole conversations from now on")
-                text = full
-        return self.encode(text)
+        near = _neighbourhood(history)
+
+        def render(contents: list[str]) -> str:
+            return self._appended(near, tools, [{**m, "content": c} for m, c in zip(new, contents)])
+
+        key = ("append", tuple(m.get("role") for m in near), _fast_json(tools) if tools else None,
+               tuple(m.get("role") for m in new))
+        return self.encode(self._framed(key, render, new, lambda: self._appended(history, tools, new)))
+
+    def _framed(self, key: tuple, render, messages: list[dict], full=None) -> str:
+        """render(contents of `messages`) through the frame cached under `key` (see the module docstring).
+
+        `full` renders the same text from the whole conversation (default: render itself);
+        the first CHECKED_FRAMES uses of a frame are compared with it.
+        """
+        contents = [m.get("content") for m in messages]
+        full = full or (lambda: render(contents))
+        if any(set(m) - {"role", "content"} for m in messages) or not all(map(_plain, contents)):
+            return full()
+        if key not in self._frames:
+            text = render([_SLOT.format(i) for i in range(len(contents))])
+            parts = []
+            for i in range(len(contents)):
+                before, sep, text = text.partition(_SLOT.format(i))
+                if not sep or _SLOT.format(i) in text:
+                    parts = None
+                    break
+                parts.append(before)
+            self._frames[key] = None if parts is None else parts + [text]
+            if len(self._frames) > PREFIX_CACHE_SIZE:
+                self._frames.popitem(last=False)
+        parts = self._frames[key]
+        if parts is None:
+            return full()
+        text = "".join(p + c for p, c in zip(parts, contents)) + parts[-1]
+        checked = self._checked.get(key, 0)
+        if checked < CHECKED_FRAMES:
+            self._checked[key] = checked + 1
+            expected = full()
+            if expected != text:
+                self._frames[key] = None
+                log.warning("chat template renders this conversation shape differently from its frame; "
+                            "rendering it whole from now on")
+                return expected
+        return text
 
     def _appended(self, history: list[dict], tools: Optional[list[dict]], new: list[dict]) -> str:
         before = self._render(history, tools, False)
@@ -234,6 +277,11 @@ class ChatTokenizer:
         if cut < 0:
             raise ValueError(f"rendered assistant turn lacks the EOS token {self.eos!r}")
         return before[cut + len(self.eos):] + after[len(before):]
+
+
+def _plain(content: Any) -> bool:
+    """Text a template puts in verbatim: no edge whitespace to trim, no tags it might look for."""
+    return isinstance(content, str) and content == content.strip() and "<" not in content and "\x00" not in content
 
 
 def _neighbourhood(history: list[dict]) -> list[dict]:
