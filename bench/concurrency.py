@@ -213,6 +213,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--latencies", default="2,10", help="model latencies L in seconds, comma-separated")
     p.add_argument("--concurrency", default="256,1024,2048,4096", help="concurrencies C, comma-separated")
     p.add_argument("--waves", type=int, default=3, help="rollouts per round = waves x C")
+    p.add_argument("--jitter", type=float, default=0.0,
+                   help="answer latency uniform in L +- jitter x L (0: fixed, every wave answered at once)")
     p.add_argument("--sides", default="farm,plain")
     p.add_argument("--plain-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -235,7 +237,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     bodies = plain_bodies(tok, script)
     sides = args.sides.split(",")
     results = []
-    print(f"one worker process vs a plain aiohttp client; policy stub with fixed latency; {os.cpu_count()} CPUs, "
+    kind = f"latency L +- {args.jitter:.0%}" if args.jitter else "fixed latency"
+    print(f"one worker process vs a plain aiohttp client; policy stub with {kind}; {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}; load at start {os.getloadavg()[0]:.2f}")
     print(f"{'L':>6} {'C':>6} {'side':<6} {'n':>6} {'rollout/s':>9} {'ratio':>6} {'p50 s':>7} {'p99 s':>7} "
           f"{'cpu ms/r':>8} {'rss MB':>8}  {'reward':>6}  {'SIGTERM exit':<12}  failures")
@@ -245,7 +248,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         stub = StubProcess(script, latency_s=1.0, workdir=tmp).start()
         try:
             for latency in (float(x) for x in args.latencies.split(",")):
-                stub.control(latency_s=latency)
+                stub.control(latency_s=latency, jitter_s=args.jitter * latency)
                 for c in (int(x) for x in args.concurrency.split(",")):
                     n = args.waves * c
                     for side in sides:
