@@ -193,18 +193,23 @@ def test_invalid_arguments_give_clear_errors_and_change_nothing(name, arguments,
 
 async def test_errors_reach_the_model_as_tool_results():
     """Through the agent loop's own tool dispatch: refused and malformed calls become result strings."""
+    from workers.env_calls import call_tool
     from workers.loop import PolicyAgent
 
     agent = PolicyAgent(ENV, policy=None, tokenizer=None)
+
+    def dispatch(name, arguments, state, metrics):
+        return call_tool(agent.tools, name, arguments, state, agent.settings.tool_timeout_s, metrics)
+
     state, metrics = build_office(7), {"tool_errors": 0, "bad_tool_calls": 0}
-    out = await agent._call("calendar_delete_event", {"event_id": "99999999"}, state, metrics)
+    out = await dispatch("calendar_delete_event", {"event_id": "99999999"}, state, metrics)
     assert out.startswith("Error:") and "no record with event_id '99999999'" in out
-    out = await agent._call("email_send_email", {"to": "a@b.com", "subject": "s", "body": "b"}, state, metrics)
+    out = await dispatch("email_send_email", {"to": "a@b.com", "subject": "s", "body": "b"}, state, metrics)
     assert out.startswith("Error: bad arguments for email_send_email") and "'to'" in out
-    out = await agent._call("email_send_email", {"subject": "s", "body": "b"}, state, metrics)
+    out = await dispatch("email_send_email", {"subject": "s", "body": "b"}, state, metrics)
     assert "missing 1 required" in out and "recipient" in out
     assert metrics["tool_errors"] == 3
-    out = await agent._call("company_directory_find_email_address", {"name": state.user["name"]}, state, metrics)
+    out = await dispatch("company_directory_find_email_address", {"name": state.user["name"]}, state, metrics)
     assert json.loads(out) == [state.user["email"]]
 
 

@@ -1,4 +1,4 @@
-"""The environment's side of an agent loop: one tool call and the verifier, with their limits.
+"""What every agent loop shares: reading the row and the sampling, one tool call, the verifier.
 
 Every loop kind (token-in/token-out in workers/loop.py, the openai client in
 workers/hosted.py) must treat tools and verifiers the same way, or rollouts of one
@@ -19,7 +19,32 @@ from typing import Any
 
 from envs.base import Environment, Tool, Transcript, Verdict
 from farm.errors import RolloutFailure
-from farm.schema import ErrorKind
+from farm.schema import ErrorKind, Task
+from workers.chat import BadToolCall, ToolCall, input_messages
+
+
+def read_row(row: dict) -> tuple[dict, list[dict], list[str]]:
+    """The row's `responses_create_params`, its input as chat messages, and its follow-up user texts."""
+    params = row.get("responses_create_params")
+    if not isinstance(params, dict):
+        raise RolloutFailure(ErrorKind.malformed, "row lacks `responses_create_params`")
+    try:
+        messages = input_messages(params)
+    except ValueError as exc:
+        raise RolloutFailure(ErrorKind.malformed, str(exc)) from None
+    followups = [m if isinstance(m, str) else m.get("content", "") for m in row.get("follow_up_messages", [])]
+    return params, messages, followups
+
+
+def sampling_for(task: Task, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The task's sampling with the environment's overrides; the task's max_tokens (the trainer's
+    max_completion_length) caps theirs."""
+    s = task.sampling
+    out = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed,
+           "stop": s.stop, **overrides}
+    if s.max_tokens is not None and out.get("max_tokens") is not None:
+        out["max_tokens"] = min(int(out["max_tokens"]), s.max_tokens)
+    return out
 
 
 async def call_tool(tools: dict[str, Tool], name: str, arguments: dict, state: Any, timeout_s: float,
@@ -41,6 +66,24 @@ async def call_tool(tools: dict[str, Tool], name: str, arguments: dict, state: A
         metrics["tool_errors"] += 1
         return f"Error: tool {name} failed: {type(exc).__name__}: {exc}"
     return value if isinstance(value, str) else json.dumps(value)
+
+
+async def run_call(call: ToolCall | BadToolCall, tools: dict[str, Tool], state: Any, timeout_s: float,
+                   output: list, calls_made: list, metrics: dict) -> str:
+    """One parsed call: recorded as output items (call and result) and in the metrics; the result text."""
+    if isinstance(call, BadToolCall):
+        metrics["bad_tool_calls"] += 1
+        result = f"Error: {call.error}"
+        output.append({"type": "function_call", "call_id": call.call_id, "name": "", "arguments": call.raw,
+                       "status": "incomplete"})
+    else:
+        metrics["tool_calls"] += 1
+        output.append({"type": "function_call", "call_id": call.call_id, "name": call.name,
+                       "arguments": json.dumps(call.arguments)})
+        calls_made.append({"name": call.name, "arguments": call.arguments})
+        result = await call_tool(tools, call.name, call.arguments, state, timeout_s, metrics)
+    output.append({"type": "function_call_output", "call_id": call.call_id, "output": result})
+    return result
 
 
 async def verify(env: Environment, row: dict, state: Any, transcript: Transcript, timeout_s: float) -> Verdict:

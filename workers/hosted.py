@@ -29,8 +29,8 @@ from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Status, Task, Timings
 from farm.settings import Settings
 from workers.agent import AgentContext
-from workers.chat import TOOL_SYSTEM, BadToolCall, ToolCall, chat_tools, input_messages, parse_tool_calls
-from workers.env_calls import call_tool, verify
+from workers.chat import TOOL_SYSTEM, BadToolCall, ToolCall, chat_tools, parse_tool_calls
+from workers.env_calls import read_row, run_call, sampling_for, verify
 from workers.openai_pool import ContextOverflow, Replicas
 
 if TYPE_CHECKING:
@@ -161,16 +161,6 @@ class ResponsesConversation:
 Conversation = Union[ChatConversation, ResponsesConversation]
 
 
-def sampling_for(task: Task, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The task's sampling with the environment's overrides; the task's max_tokens caps theirs."""
-    s = task.sampling
-    out = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed,
-           "stop": s.stop, **overrides}
-    if s.max_tokens is not None and out.get("max_tokens") is not None:
-        out["max_tokens"] = min(int(out["max_tokens"]), s.max_tokens)
-    return out
-
-
 class HostedAgent:
     def __init__(self, env: Environment, settings: Settings, loop_settings: Optional[AgentSettings] = None,
                  replicas: Optional[Replicas] = None):
@@ -188,16 +178,9 @@ class HostedAgent:
 
     async def run(self, task: Task, ctx: AgentContext) -> Rollout:
         row = task.row
-        params = row.get("responses_create_params")
-        if not isinstance(params, dict):
-            raise RolloutFailure(ErrorKind.malformed, "row lacks `responses_create_params`")
-        try:
-            messages = input_messages(params)
-        except ValueError as exc:
-            raise RolloutFailure(ErrorKind.malformed, str(exc)) from None
+        params, messages, followups = read_row(row)
         tools = params.get("tools") or self.schemas
         convo: Conversation = (ChatConversation if self.kind == "chat" else ResponsesConversation)(messages, tools)
-        followups = [m if isinstance(m, str) else m.get("content", "") for m in row.get("follow_up_messages", [])]
         state = self.env.new_state(row)
         sampling = sampling_for(task, self.settings.sampling)
         replica = self.replicas.pick()
@@ -261,17 +244,5 @@ class HostedAgent:
                          calls_made: list, metrics: dict) -> None:
         """Run each call; every result (or error) goes back to the model and into the output items."""
         for call in calls:
-            if isinstance(call, BadToolCall):
-                metrics["bad_tool_calls"] += 1
-                result = f"Error: {call.error}"
-                output.append({"type": "function_call", "call_id": call.call_id, "name": "", "arguments": call.raw,
-                               "status": "incomplete"})
-            else:
-                metrics["tool_calls"] += 1
-                output.append({"type": "function_call", "call_id": call.call_id, "name": call.name,
-                               "arguments": json.dumps(call.arguments)})
-                calls_made.append({"name": call.name, "arguments": call.arguments})
-                result = await call_tool(self.tools, call.name, call.arguments, state,
-                                         self.settings.tool_timeout_s, metrics)
-            output.append({"type": "function_call_output", "call_id": call.call_id, "output": result})
+            result = await run_call(call, self.tools, state, self.settings.tool_timeout_s, output, calls_made, metrics)
             convo.add_result(call.call_id, result)

@@ -15,7 +15,6 @@ fails the rollout (kind `invariant`) rather than feeding the trainer wrong token
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Optional
 
@@ -23,8 +22,8 @@ from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Status, Task, Timings, TokenTrace
 from envs.base import AgentSettings, Environment, Tool, Transcript
 from workers.agent import AgentContext
-from workers.env_calls import call_tool, verify
-from workers.chat import BadToolCall, ChatTokenizer, chat_tools, input_messages, parse_tool_calls
+from workers.env_calls import read_row, run_call, sampling_for, verify
+from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
 from workers.policy import ContextOverflow, PolicyClient, Session
 
 
@@ -51,30 +50,13 @@ class PolicyAgent:
     async def wait_ready(self) -> None:
         await self.policy.wait_ready()
 
-    def _sampling(self, task: Task) -> dict[str, Any]:
-        s = task.sampling
-        out = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed,
-               "stop": s.stop}
-        out.update(self.settings.sampling)
-        if s.max_tokens is not None and out.get("max_tokens") is not None:
-            # The trainer's max_completion_length caps whatever the environment asks for.
-            out["max_tokens"] = min(int(out["max_tokens"]), s.max_tokens)
-        return out
-
     async def run(self, task: Task, ctx: AgentContext) -> Rollout:
         row = task.row
-        params = row.get("responses_create_params")
-        if not isinstance(params, dict):
-            raise RolloutFailure(ErrorKind.malformed, "row lacks `responses_create_params`")
-        try:
-            messages = input_messages(params)
-        except ValueError as exc:
-            raise RolloutFailure(ErrorKind.malformed, str(exc)) from None
+        params, messages, followups = read_row(row)
         schemas = chat_tools(params["tools"]) if params.get("tools") else self.schemas
         history, template_tools = self.tok.with_tools(messages, schemas)
-        followups = [m if isinstance(m, str) else m.get("content", "") for m in row.get("follow_up_messages", [])]
         state = self.env.new_state(row)
-        sampling = self._sampling(task)
+        sampling = sampling_for(task, self.settings.sampling)
         loop = self.settings.loop
 
         prompt = self.tok.prompt_ids(history, template_tools)
@@ -170,20 +152,6 @@ class PolicyAgent:
         """Run the tool calls in `text`; every result (or error) becomes a tool message."""
         results = []
         for call in parse_tool_calls(text, step):
-            if isinstance(call, BadToolCall):
-                metrics["bad_tool_calls"] += 1
-                result = f"Error: {call.error}"
-                output.append({"type": "function_call", "call_id": call.call_id, "name": "", "arguments": call.raw,
-                               "status": "incomplete"})
-            else:
-                metrics["tool_calls"] += 1
-                output.append({"type": "function_call", "call_id": call.call_id, "name": call.name,
-                               "arguments": json.dumps(call.arguments)})
-                calls_made.append({"name": call.name, "arguments": call.arguments})
-                result = await self._call(call.name, call.arguments, state, metrics)
-            output.append({"type": "function_call_output", "call_id": call.call_id, "output": result})
+            result = await run_call(call, self.tools, state, self.settings.tool_timeout_s, output, calls_made, metrics)
             results.append({"role": "tool", "content": result})
         return results
-
-    async def _call(self, name: str, arguments: dict, state: Any, metrics: dict) -> str:
-        return await call_tool(self.tools, name, arguments, state, self.settings.tool_timeout_s, metrics)
