@@ -21,7 +21,8 @@ whose connector allows as many connections as the worker has loops, idle connect
 for a minute (a loop's next turn reuses its connection instead of reconnecting), and a
 separate small session for health checks, so a saturated pool never fails a health check.
 
-Faults, and backpressure. A replica answering 429 or 503 is *cooling*: it takes no request
+Faults, and backpressure (the rotation itself lives in workers/rotation.py). A replica
+answering 429 or 503 is *cooling*: it takes no request
 until its Retry-After (or a doubling backoff) has passed, then comes back on its next good
 answer. A replica that errors `unhealthy_after` times in a row (connection refused, 5xx,
 timeouts) or fails its health check leaves the rotation and is probed until it answers.
@@ -32,7 +33,7 @@ the budget costs nothing), then raises PolicyUnavailable with the last reason: a
 `policy` failure, not retried by the worker, since the whole budget was already spent.
 A prompt that does not fit the context raises ContextOverflow (the loop's `truncated`).
 
-    PolicyError (RolloutFailure, kind `policy`)
+    RolloutFailure (kind `policy`)
     ├── PolicyUnavailable   no replica answered within the retry budget
     └── PolicyRejected      a 4xx, or an answer that cannot be read
     ContextOverflow         the prompt does not fit (not a failure: a truncated rollout)
@@ -41,7 +42,6 @@ A prompt that does not fit the context raises ContextOverflow (the loop's `trunc
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import random
 import time
@@ -54,6 +54,10 @@ import msgspec
 
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind
+from workers.rotation import Replica, Rotation, Session, retry_after_s
+
+__all__ = ["Completion", "ContextOverflow", "PolicyClient", "PolicyConfig", "PolicyRejected", "PolicyUnavailable",
+           "Session", "retry_after_s"]
 
 log = logging.getLogger("farm.policy")
 
@@ -107,32 +111,6 @@ class Completion:
 
 
 @dataclass
-class Replica:
-    url: str
-    outstanding: int = 0
-    healthy: bool = True       # in rotation
-    cool_until: float = 0.0    # monotonic time before which it takes no request (429/503)
-    cooldowns: int = 0         # consecutive 429/503 answers (for the backoff without Retry-After)
-    errors: int = 0            # consecutive failures
-    served: int = 0
-    last_ok: float = 0.0       # monotonic time of the last good answer
-    last_error: str = ""
-    session: Optional[aiohttp.ClientSession] = None
-
-    def ready(self, now: float) -> bool:
-        return self.healthy and now >= self.cool_until
-
-
-@dataclass
-class Session:
-    """One rollout's affinity to a replica."""
-
-    replica: Optional[Replica] = None
-    moves: int = 0
-    requests: int = 0
-
-
-@dataclass
 class PolicyConfig:
     urls: list[str]
     model: str
@@ -148,34 +126,27 @@ class PolicyConfig:
     extra: dict[str, Any] = field(default_factory=dict)   # extra request fields for every call
 
 
-def retry_after_s(value: Optional[str]) -> Optional[float]:
-    """A Retry-After header (seconds or an HTTP date) in seconds from now; None if absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError, IndexError):
-        return None
-
-
 class PolicyClient:
     def __init__(self, config: PolicyConfig):
         if not config.urls:
             raise ValueError("the policy client needs at least one base URL")
         self.config = config
-        self.replicas = [Replica(u.rstrip("/")) for u in config.urls]
-        self._monitor_task: Optional[asyncio.Task] = None
-        self._health: Optional[aiohttp.ClientSession] = None
-        self._ready: Optional[asyncio.Event] = None
-        self._wake: Optional[asyncio.TimerHandle] = None
+        self.rotation = Rotation(config)
+        self.replicas = self.rotation.replicas
         self._model_len: dict[str, asyncio.Future] = {}
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s, connect=10.0)
 
-    # -- replicas ----------------------------------------------------------------------
+    def ready(self) -> bool:
+        """Whether some replica can take a request now."""
+        return self.rotation.ready()
+
+    async def wait_ready(self) -> None:
+        """Until some replica can take work (the worker fetches no task before that)."""
+        await self.rotation.wait_ready()
+
+    async def check_health(self) -> dict[str, bool]:
+        return await self.rotation.check_health()
+
     def _session(self, replica: Replica) -> aiohttp.ClientSession:
         if replica.session is None or replica.session.closed:
             connector = aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0,
@@ -184,144 +155,9 @@ class PolicyClient:
                                                     json_serialize=lambda o: _json_encode(o).decode())
         return replica.session
 
-    def _event(self) -> asyncio.Event:
-        if self._ready is None:
-            self._refresh()
-        return self._ready
-
-    def _refresh(self) -> None:
-        """Set the ready event iff some replica can take work; wake up when a cooling one can."""
-        now = time.monotonic()
-        if self._wake is not None:
-            self._wake.cancel()
-            self._wake = None
-        if self._ready is None:
-            self._ready = asyncio.Event()
-        event = self._ready
-        if any(r.ready(now) for r in self.replicas):
-            event.set()
-            return
-        event.clear()
-        cooling = [r.cool_until for r in self.replicas if r.healthy]
-        if cooling:
-            self._wake = asyncio.get_running_loop().call_later(max(0.0, min(cooling) - now), self._refresh)
-
-    def ready(self) -> bool:
-        now = time.monotonic()
-        return any(r.ready(now) for r in self.replicas)
-
-    async def wait_ready(self) -> None:
-        """Until some replica can take work (the worker fetches no task before that)."""
-        self._ensure_monitor()
-        await self._event().wait()
-
-    def _pick(self, session: Session) -> Optional[Replica]:
-        now = time.monotonic()
-        current = session.replica
-        if current is not None and current.ready(now):
-            return current
-        best: Optional[Replica] = None
-        ties = 0
-        for r in self.replicas:
-            if not r.ready(now):
-                continue
-            if best is None or r.outstanding < best.outstanding:
-                best, ties = r, 1
-            elif r.outstanding == best.outstanding:
-                ties += 1
-                if random.random() * ties < 1:
-                    best = r
-        if best is not None and current is not None and current is not best:
-            session.moves += 1
-        if best is not None:
-            session.replica = best
-        return best
-
-    def _ok(self, replica: Replica) -> None:
-        replica.errors = replica.cooldowns = 0
-        replica.served += 1
-        replica.last_ok = time.monotonic()
-        if not replica.healthy:
-            self._back(replica)
-
-    def _back(self, replica: Replica) -> None:
-        replica.healthy, replica.errors, replica.cool_until = True, 0, 0.0
-        log.info("policy replica %s back in rotation", replica.url)
-        self._refresh()
-
-    def _failed(self, replica: Replica, reason: str) -> None:
-        replica.errors += 1
-        replica.last_error = reason
-        if replica.healthy and replica.errors >= self.config.unhealthy_after:
-            self._out(replica, f"{replica.errors} errors in a row, last: {reason}")
-
-    def _out(self, replica: Replica, reason: str) -> None:
-        replica.healthy = False
-        replica.last_error = reason
-        log.warning("policy replica %s out of rotation: %s", replica.url, reason)
-        self._ensure_monitor()
-        self._refresh()
-
-    def _cool(self, replica: Replica, status: int, retry_after: Optional[float]) -> None:
-        replica.cooldowns += 1
-        delay = retry_after if retry_after is not None else min(
-            self.config.backoff_max_s, self.config.backoff_s * 2 ** (replica.cooldowns - 1)) * random.uniform(0.5, 1.0)
-        until = time.monotonic() + delay
-        if until > replica.cool_until:
-            if replica.cool_until <= time.monotonic():
-                log.warning("policy replica %s answered HTTP %d: no requests to it for %.1fs",
-                            replica.url, status, delay)
-            replica.cool_until = until
-        replica.last_error = f"HTTP {status}"
-        self._refresh()
-
-    def _ensure_monitor(self) -> None:
-        if self._monitor_task is None or self._monitor_task.done():
-            self._monitor_task = asyncio.create_task(self._monitor(), name="policy-health")
-
-    async def _monitor(self) -> None:
-        """Probe replicas out of rotation often, and the ones in rotation now and then."""
-        next_check = time.monotonic() + self.config.health_interval_s
-        while True:
-            await asyncio.sleep(self.config.probe_interval_s)
-            now = time.monotonic()
-            check_all = now >= next_check
-            if check_all:
-                next_check = now + self.config.health_interval_s
-            for r in self.replicas:
-                if r.healthy and not check_all:
-                    continue
-                alive = await self._alive(r)
-                if alive and not r.healthy:
-                    self._back(r)
-                elif not alive and r.healthy and time.monotonic() - r.last_ok > self.config.health_interval_s:
-                    # A replica that answered a request lately is alive, whatever a check that
-                    # timed out behind a saturated event loop says.
-                    self._out(r, "health check failed")
-
-    async def _alive(self, r: Replica) -> bool:
-        if self._health is None or self._health.closed:
-            self._health = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8),
-                                                 timeout=aiohttp.ClientTimeout(total=5.0))
-        try:
-            async with self._health.get(f"{r.url}/health") as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return False
-
-    async def check_health(self) -> dict[str, bool]:
-        """Probe every replica now; take the dead ones out of rotation, bring back the live ones."""
-        for r in self.replicas:
-            alive = await self._alive(r)
-            if alive and not r.healthy:
-                self._back(r)
-            elif not alive and r.healthy:
-                self._out(r, "health check failed")
-        return {r.url: r.healthy for r in self.replicas}
-
     async def max_model_len(self, session: Session) -> Optional[int]:
         """The replica's context length, looked up once per replica and shared by every loop."""
-        replica = session.replica or self._pick(session)
+        replica = session.replica or self.rotation.pick(session)
         if replica is None:
             return None
         fut = self._model_len.get(replica.url)
@@ -354,17 +190,17 @@ class PolicyClient:
                 **self.config.extra, **{k: v for k, v in sampling.items() if v is not None}}
         data = _json_encode(body)
         cfg = self.config
-        self._ensure_monitor()
+        self.rotation.ensure_monitor()
         deadline = time.monotonic() + cfg.retry_budget_s
         last, errors, stale = "", 0, 0
         while True:
-            replica = self._pick(session)
+            replica = self.rotation.pick(session)
             if replica is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 try:
-                    await asyncio.wait_for(self._event().wait(), left)
+                    await asyncio.wait_for(self.rotation.wait_ready(), left)
                 except asyncio.TimeoutError:
                     break
                 continue
@@ -380,17 +216,17 @@ class PolicyClient:
                 last = f"{replica.url}: {type(exc).__name__}: {exc}"
                 stale += 1
                 if stale > 1 or isinstance(exc, aiohttp.ClientConnectorError):
-                    self._failed(replica, last)
+                    self.rotation.failed(replica, last)
                     errors += 1
                 else:
                     continue
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 last = f"{replica.url}: {type(exc).__name__}: {exc}" if str(exc) else f"{replica.url}: {type(exc).__name__}"
-                self._failed(replica, last)
+                self.rotation.failed(replica, last)
                 errors += 1
             else:
                 if status == 200:
-                    self._ok(replica)
+                    self.rotation.ok(replica)
                     session.requests += 1
                     return self._parse(raw, replica.url, time.perf_counter() - start)
                 detail = raw[:500].decode(errors="replace")
@@ -398,11 +234,11 @@ class PolicyClient:
                 if status == 400 and any(s in detail.lower() for s in _OVERFLOW):
                     raise ContextOverflow(detail)
                 if status in _COOLING:
-                    self._cool(replica, status, retry_after_s(retry_after))
+                    self.rotation.cool(replica, status, retry_after_s(retry_after))
                     continue
                 if status < 500:
                     raise PolicyRejected(last)
-                self._failed(replica, last)
+                self.rotation.failed(replica, last)
                 errors += 1
             finally:
                 replica.outstanding -= 1
@@ -434,7 +270,7 @@ class PolicyClient:
 
     async def prompt_logprobs(self, ids: list[int], session: Session) -> list[Optional[float]]:
         """Logprob of each given token under the policy (None for the first): for re-scoring."""
-        replica = self._pick(session) or self.replicas[0]
+        replica = self.rotation.pick(session) or self.replicas[0]
         async with self._session(replica).post(f"{replica.url}/v1/completions", json={
                 "model": self.config.model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0,
                 "temperature": 1.0}) as resp:
@@ -446,12 +282,9 @@ class PolicyClient:
         return out
 
     async def aclose(self) -> None:
-        if self._monitor_task is not None:
-            self._monitor_task.cancel()
-        if self._wake is not None:
-            self._wake.cancel()
+        await self.rotation.aclose()
         for fut in self._model_len.values():
             fut.cancel()
-        for s in [r.session for r in self.replicas] + [self._health]:
-            if s is not None and not s.closed:
-                await s.close()
+        for r in self.replicas:
+            if r.session is not None and not r.session.closed:
+                await r.session.close()

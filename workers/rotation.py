@@ -1,0 +1,228 @@
+"""Which policy replica takes the next request: the rotation, cooling, health checks, affinity.
+
+The policy client (workers/policy.py) asks the rotation for a replica before every request and
+reports back how it answered; the rotation alone decides who is in rotation, so the request
+path never holds that state:
+
+  in rotation   takes requests; a rollout (a `Session`) stays on its replica for the whole
+                conversation (prefix-cache reuse), new rollouts go where fewest are outstanding;
+  cooling       answered 429 or 503: no requests until its Retry-After (or a doubling backoff)
+                has passed, then back on its next good answer;
+  out           errored `unhealthy_after` times in a row or failed its /health check; probed
+                every `probe_interval_s` until it answers, then back in.
+
+`ready()` / `wait_ready()` say whether any replica can take work now; the worker fetches no
+task while none can. Health checks use a small session of their own, and a replica that
+answered a request within the last health interval is alive whatever a check says, so a
+saturated connection pool or event loop never takes a working replica out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import aiohttp
+
+if TYPE_CHECKING:
+    from workers.policy import PolicyConfig
+
+log = logging.getLogger("farm.policy")
+
+
+@dataclass
+class Replica:
+    url: str
+    outstanding: int = 0
+    healthy: bool = True       # in rotation
+    cool_until: float = 0.0    # monotonic time before which it takes no request (429/503)
+    cooldowns: int = 0         # consecutive 429/503 answers (for the backoff without Retry-After)
+    errors: int = 0            # consecutive failures
+    served: int = 0
+    last_ok: float = 0.0       # monotonic time of the last good answer
+    last_error: str = ""
+    session: Optional[aiohttp.ClientSession] = None
+
+    def ready(self, now: float) -> bool:
+        return self.healthy and now >= self.cool_until
+
+
+@dataclass
+class Session:
+    """One rollout's affinity to a replica."""
+
+    replica: Optional[Replica] = None
+    moves: int = 0
+    requests: int = 0
+
+
+def retry_after_s(value: Optional[str]) -> Optional[float]:
+    """A Retry-After header (seconds or an HTTP date) in seconds from now; None if absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+class Rotation:
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self.replicas = [Replica(u.rstrip("/")) for u in config.urls]
+        self._monitor_task: Optional[asyncio.Task] = None
+        self._health: Optional[aiohttp.ClientSession] = None
+        self._ready: Optional[asyncio.Event] = None
+        self._wake: Optional[asyncio.TimerHandle] = None
+
+    def _event(self) -> asyncio.Event:
+        if self._ready is None:
+            self._refresh()
+        return self._ready
+
+    def _refresh(self) -> None:
+        """Set the ready event iff some replica can take work; wake up when a cooling one can."""
+        now = time.monotonic()
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        if self._ready is None:
+            self._ready = asyncio.Event()
+        event = self._ready
+        if any(r.ready(now) for r in self.replicas):
+            event.set()
+            return
+        event.clear()
+        cooling = [r.cool_until for r in self.replicas if r.healthy]
+        if cooling:
+            self._wake = asyncio.get_running_loop().call_later(max(0.0, min(cooling) - now), self._refresh)
+
+    def ready(self) -> bool:
+        now = time.monotonic()
+        return any(r.ready(now) for r in self.replicas)
+
+    async def wait_ready(self) -> None:
+        """Until some replica can take work (the worker fetches no task before that)."""
+        self.ensure_monitor()
+        await self._event().wait()
+
+    def pick(self, session: Session) -> Optional[Replica]:
+        now = time.monotonic()
+        current = session.replica
+        if current is not None and current.ready(now):
+            return current
+        best: Optional[Replica] = None
+        ties = 0
+        for r in self.replicas:
+            if not r.ready(now):
+                continue
+            if best is None or r.outstanding < best.outstanding:
+                best, ties = r, 1
+            elif r.outstanding == best.outstanding:
+                ties += 1
+                if random.random() * ties < 1:
+                    best = r
+        if best is not None and current is not None and current is not best:
+            session.moves += 1
+        if best is not None:
+            session.replica = best
+        return best
+
+    def ok(self, replica: Replica) -> None:
+        replica.errors = replica.cooldowns = 0
+        replica.served += 1
+        replica.last_ok = time.monotonic()
+        if not replica.healthy:
+            self._back(replica)
+
+    def _back(self, replica: Replica) -> None:
+        replica.healthy, replica.errors, replica.cool_until = True, 0, 0.0
+        log.info("policy replica %s back in rotation", replica.url)
+        self._refresh()
+
+    def failed(self, replica: Replica, reason: str) -> None:
+        replica.errors += 1
+        replica.last_error = reason
+        if replica.healthy and replica.errors >= self.config.unhealthy_after:
+            self._out(replica, f"{replica.errors} errors in a row, last: {reason}")
+
+    def _out(self, replica: Replica, reason: str) -> None:
+        replica.healthy = False
+        replica.last_error = reason
+        log.warning("policy replica %s out of rotation: %s", replica.url, reason)
+        self.ensure_monitor()
+        self._refresh()
+
+    def cool(self, replica: Replica, status: int, retry_after: Optional[float]) -> None:
+        replica.cooldowns += 1
+        delay = retry_after if retry_after is not None else min(
+            self.config.backoff_max_s, self.config.backoff_s * 2 ** (replica.cooldowns - 1)) * random.uniform(0.5, 1.0)
+        until = time.monotonic() + delay
+        if until > replica.cool_until:
+            if replica.cool_until <= time.monotonic():
+                log.warning("policy replica %s answered HTTP %d: no requests to it for %.1fs",
+                            replica.url, status, delay)
+            replica.cool_until = until
+        replica.last_error = f"HTTP {status}"
+        self._refresh()
+
+    def ensure_monitor(self) -> None:
+        if self._monitor_task is None or self._monitor_task.done():
+            self._monitor_task = asyncio.create_task(self._monitor(), name="policy-health")
+
+    async def _monitor(self) -> None:
+        """Probe replicas out of rotation often, and the ones in rotation now and then."""
+        next_check = time.monotonic() + self.config.health_interval_s
+        while True:
+            await asyncio.sleep(self.config.probe_interval_s)
+            now = time.monotonic()
+            check_all = now >= next_check
+            if check_all:
+                next_check = now + self.config.health_interval_s
+            for r in self.replicas:
+                if r.healthy and not check_all:
+                    continue
+                alive = await self._alive(r)
+                if alive and not r.healthy:
+                    self._back(r)
+                elif not alive and r.healthy and time.monotonic() - r.last_ok > self.config.health_interval_s:
+                    # A replica that answered a request lately is alive, whatever a check that
+                    # timed out behind a saturated event loop says.
+                    self._out(r, "health check failed")
+
+    async def _alive(self, r: Replica) -> bool:
+        if self._health is None or self._health.closed:
+            self._health = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8),
+                                                 timeout=aiohttp.ClientTimeout(total=5.0))
+        try:
+            async with self._health.get(f"{r.url}/health") as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def check_health(self) -> dict[str, bool]:
+        """Probe every replica now; take the dead ones out of rotation, bring back the live ones."""
+        for r in self.replicas:
+            alive = await self._alive(r)
+            if alive and not r.healthy:
+                self._back(r)
+            elif not alive and r.healthy:
+                self._out(r, "health check failed")
+        return {r.url: r.healthy for r in self.replicas}
+
+    async def aclose(self) -> None:
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+        if self._wake is not None:
+            self._wake.cancel()
+        if self._health is not None and not self._health.closed:
+            await self._health.close()
