@@ -41,6 +41,16 @@ def worker(settings, stub, model_dir, concurrency: int, **env: str):
                         FARM_POLICY_MODEL="stub", FARM_POLICY_TOKENIZER=str(model_dir), **env)
 
 
+def drive(proc, main) -> tuple:
+    """Run the test's client coroutine against a worker process, then stop it: (result, worker output)."""
+    try:
+        result = asyncio.run(main())
+    finally:
+        out = stop(proc, timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    return result, out
+
+
 def group_info(settings) -> dict:
     r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     try:
@@ -65,11 +75,7 @@ def test_one_worker_with_1024_loops_completes_every_task(settings, stub, model_d
         finally:
             await client.aclose()
 
-    try:
-        got = asyncio.run(main())
-    finally:
-        out = stop(proc, timeout=60)
-    assert proc.returncode == 0, out[-3000:]
+    got, _ = drive(proc, main)
     assert len(got) == n
     failed = [r.error for r in got.values() if not r.ok]
     assert not failed, failed[:3]
@@ -96,11 +102,7 @@ def test_a_60s_outage_of_every_replica_loses_and_fails_nothing(settings, stub, m
         await client.aclose()
         return tasks, got, read_early, during
 
-    try:
-        tasks, got, read_early, during = asyncio.run(main())
-    finally:
-        out = stop(proc, timeout=60)
-    assert proc.returncode == 0, out[-3000:]
+    (tasks, got, read_early, during), out = drive(proc, main)
     assert during["entries-read"] == read_early, "the worker kept fetching tasks while no replica answered"
     assert during["pending"] <= 64 and during["lag"] > 0
     assert "out of rotation" in out and "back in rotation" in out
@@ -132,11 +134,7 @@ def test_a_permanent_outage_ends_in_policy_failures_and_fetching_pauses(settings
         await client.aclose()
         return failed, took, waiting, done
 
-    try:
-        failed, took, waiting, done = asyncio.run(main())
-    finally:
-        out = stop(proc, timeout=60)
-    assert proc.returncode == 0, out[-3000:]
+    (failed, took, waiting, done), _ = drive(proc, main)
     assert len(failed) == 8 and all(not r.ok for r in failed.values())
     assert {r.error.kind for r in failed.values()} == {"policy"}
     assert all("4s retry budget" in r.error.message for r in failed.values()), failed

@@ -1,4 +1,4 @@
-"""What every agent loop shares: reading the row and the sampling, one tool call, the verifier.
+"""What every agent loop shares: reading the row and the sampling, one tool call, the verdict.
 
 Every loop kind (token-in/token-out in workers/loop.py, the openai client in
 workers/hosted.py) must treat tools and verifiers the same way, or rollouts of one
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from envs.base import Environment, Tool, Transcript, Verdict
 from farm.errors import RolloutFailure
-from farm.schema import ErrorKind, Task
+from farm.schema import ErrorKind, Rollout, Status, Task, Timings
 from workers.chat import BadToolCall, ToolCall, input_messages
 
 
@@ -96,3 +97,15 @@ async def verify(env: Environment, row: dict, state: Any, transcript: Transcript
         raise
     except Exception as exc:
         raise RolloutFailure(ErrorKind.verifier, f"verifier raised {type(exc).__name__}: {exc}") from None
+
+
+async def scored(env: Environment, task: Task, state: Any, transcript: Transcript, timeout_s: float,
+                 metrics: dict, timings: Timings, **fields: Any) -> Rollout:
+    """The verifier's verdict on the transcript, as the task's rollout (`fields`: the trace and such)."""
+    start = time.perf_counter()
+    verdict = await verify(env, task.row, state, transcript, timeout_s)
+    timings.verify_s = time.perf_counter() - start
+    metrics.update(verdict.metrics)
+    return Rollout.for_task(task, status=Status.truncated if transcript.truncated else Status.ok,
+                            reward=verdict.reward, reward_components=verdict.components, metrics=metrics,
+                            output=transcript.output, timings=timings, **fields)

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from envs.base import AgentSettings, Environment, Tool, Transcript
 from farm.errors import RolloutFailure
-from farm.schema import ErrorKind, Rollout, Status, Task, Timings
+from farm.schema import ErrorKind, Rollout, Task, Timings
 from farm.settings import Settings
 from workers.agent import AgentContext
 from workers.chat import TOOL_SYSTEM, BadToolCall, ToolCall, chat_tools, parse_tool_calls
-from workers.env_calls import read_row, run_call, sampling_for, verify
+from workers.env_calls import read_row, run_call, sampling_for, scored
 from workers.openai_pool import ContextOverflow, Replicas
 
 if TYPE_CHECKING:
@@ -232,13 +232,8 @@ class HostedAgent:
         if tokens is not None:
             metrics.update(prompt_tokens=tokens[0], completion_tokens=tokens[1])
         transcript = Transcript(final_text=final_text, output=output, tool_calls=calls_made, truncated=truncated)
-        t2 = time.perf_counter()
-        verdict = await verify(self.env, row, state, transcript, self.settings.verify_timeout_s)
-        timings.verify_s = time.perf_counter() - t2
-        metrics.update(verdict.metrics)
-        return Rollout.for_task(task, status=Status.truncated if truncated else Status.ok, reward=verdict.reward,
-                                reward_components=verdict.components, metrics=metrics, output=output,
-                                trace=None, trainable=False, timings=timings)
+        return await scored(self.env, task, state, transcript, self.settings.verify_timeout_s, metrics, timings,
+                            trace=None, trainable=False)
 
     async def _run_tools(self, calls: list[Call], state: Any, convo: Conversation, output: list,
                          calls_made: list, metrics: dict) -> None:

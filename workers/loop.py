@@ -19,10 +19,10 @@ import time
 from typing import Any, Optional
 
 from farm.errors import RolloutFailure
-from farm.schema import ErrorKind, Rollout, Status, Task, Timings, TokenTrace
+from farm.schema import ErrorKind, Rollout, Task, Timings, TokenTrace
 from envs.base import AgentSettings, Environment, Tool, Transcript
 from workers.agent import AgentContext
-from workers.env_calls import read_row, run_call, sampling_for, verify
+from workers.env_calls import read_row, run_call, sampling_for, scored
 from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
 from workers.policy import ContextOverflow, PolicyClient, Session
 
@@ -139,13 +139,8 @@ class PolicyAgent:
         metrics.update(prompt_tokens=len(prompt), completion_tokens=sum(mask), env_tokens=len(mask) - sum(mask),
                        replica_moves=session.moves)
         transcript = Transcript(final_text=final_text, output=output, tool_calls=calls_made, truncated=truncated)
-        t2 = time.perf_counter()
-        verdict = await verify(self.env, row, state, transcript, self.settings.verify_timeout_s)
-        timings.verify_s = time.perf_counter() - t2
-        metrics.update(verdict.metrics)
-        return Rollout.for_task(task, status=Status.truncated if truncated else Status.ok, reward=verdict.reward,
-                                reward_components=verdict.components, metrics=metrics, output=output,
-                                trace=trace, timings=timings)
+        return await scored(self.env, task, state, transcript, self.settings.verify_timeout_s, metrics, timings,
+                             trace=trace)
 
     async def _run_tools(self, text: str, step: int, state: Any, output: list, calls_made: list,
                          metrics: dict) -> list[dict]:

@@ -163,10 +163,7 @@ class PolicyClient:
         fut = self._model_len.get(replica.url)
         if fut is None:
             fut = self._model_len[replica.url] = asyncio.ensure_future(self._lookup_len(replica))
-        try:
-            value = await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            raise
+        value = await asyncio.shield(fut)  # a cancelled loop leaves the shared lookup running
         if value is None and fut.done():
             self._model_len.pop(replica.url, None)  # look again next time: it may have been down
         return value

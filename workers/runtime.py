@@ -62,12 +62,11 @@ def raise_open_files(concurrency: int) -> int:
                           f"but this process may open at most {hard} (hard RLIMIT_NOFILE): raise it "
                           f"(`ulimit -Hn`, LimitNOFILE in systemd, ulimits in Docker/Kubernetes) or lower "
                           f"--concurrency to {max(1, hard - FILES_RESERVED)}")
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        target = need if hard == resource.RLIM_INFINITY else hard
-        if target > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            log.info("raised the open-file limit from %d to %d", soft, target)
-            soft = target
+    target = need if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        log.info("raised the open-file limit from %d to %d", soft, target)
+        soft = target
     return soft
 
 
