@@ -2,7 +2,12 @@
 
     FarmError
     ├── ConfigError            bad settings value, file or environment variable
-    ├── TransportError         Redis unreachable after the bounded retries
+    ├── TransportError         Redis failed in a way the caller cannot fix by itself
+    │   ├── RedisUnavailable   unreachable past redis_down_max_s (the one retry layer's bound)
+    │   ├── RedisAuthError     wrong password / ACL user, or a command the user may not run
+    │   ├── RedisOutOfMemory   maxmemory reached with a noeviction policy
+    │   ├── RedisWrongType     a farm key holds another type (a foreign or damaged key)
+    │   └── RedisScriptError   a settle script failed inside Redis
     ├── SchemaError            a stream entry that cannot be turned into a Task/Rollout
     │   ├── MalformedEntry     missing fields, bad msgpack, wrong types
     │   └── UnknownSchemaVersion
@@ -26,7 +31,27 @@ class ConfigError(FarmError):
 
 
 class TransportError(FarmError):
-    """Redis stayed unreachable after the bounded reconnect attempts."""
+    """Redis failed; raised only by farm.transport, which maps every redis-py exception once."""
+
+
+class RedisUnavailable(TransportError):
+    """Redis stayed unreachable for longer than redis_down_max_s."""
+
+
+class RedisAuthError(TransportError):
+    """Authentication or permission denied: retrying cannot help, so it is raised at once."""
+
+
+class RedisOutOfMemory(TransportError):
+    """Redis refuses writes at its maxmemory limit."""
+
+
+class RedisWrongType(TransportError):
+    """A key the farm writes holds a value of another type."""
+
+
+class RedisScriptError(TransportError):
+    """A Lua script failed inside Redis."""
 
 
 class SchemaError(FarmError):
