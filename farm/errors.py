@@ -15,6 +15,12 @@
     └── RolloutFailure         a rollout that failed for a reason the agent knows;
                                carries an ErrorKind and whether another attempt may help
 
+Each class carries the exit code a command ends with when it stops on that error (`exit_code`),
+so a supervisor can tell a configuration mistake (never restarted) from a crash (restarted):
+
+    0 ok · 1 crash or other FarmError · 2 ConfigError / usage · 3 TransportError (Redis)
+    4 RedisAuthError · 5 UnknownAgent · 130 interrupted
+
 A bad rollout is data, not a crash: the worker turns a RolloutFailure (or any other
 exception, or a timeout) into a `failed` Rollout with the reason, after bounded retries.
 """
@@ -22,16 +28,28 @@ exception, or a timeout) into a `failed` Rollout with the reason, after bounded 
 from __future__ import annotations
 
 
+EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_TRANSPORT, EXIT_AUTH, EXIT_UNKNOWN_AGENT = 0, 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130
+# Exit codes a supervisor must not restart on: the same start would fail the same way.
+NOT_RESTARTABLE = frozenset({EXIT_CONFIG, EXIT_AUTH, EXIT_UNKNOWN_AGENT})
+
+
 class FarmError(Exception):
     """Base class of every error the farm raises on purpose."""
+
+    exit_code = EXIT_CRASH
 
 
 class ConfigError(FarmError):
     """A setting has a bad value; the message names the file or variable it came from."""
 
+    exit_code = EXIT_CONFIG
+
 
 class TransportError(FarmError):
     """Redis failed; raised only by farm.transport, which maps every redis-py exception once."""
+
+    exit_code = EXIT_TRANSPORT
 
 
 class RedisUnavailable(TransportError):
@@ -40,6 +58,8 @@ class RedisUnavailable(TransportError):
 
 class RedisAuthError(TransportError):
     """Authentication or permission denied: retrying cannot help, so it is raised at once."""
+
+    exit_code = EXIT_AUTH
 
 
 class RedisOutOfMemory(TransportError):
@@ -70,6 +90,8 @@ class UnknownSchemaVersion(SchemaError):
 
 class UnknownAgent(FarmError):
     """No agent is registered under the requested name."""
+
+    exit_code = EXIT_UNKNOWN_AGENT
 
 
 class RolloutFailure(FarmError):
