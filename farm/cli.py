@@ -34,12 +34,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.processes > 1:
         from workers.pool import run_pool
 
-        child = ["worker", "--agent", args.agent, "--concurrency", str(s.concurrency)]
+        child = [sys.executable, "-m", "farm"] + (["--config", args.config] if args.config else [])
+        child += ["worker", "--agent", args.agent, "--concurrency", str(s.concurrency), "--processes", "1"]
         if args.impl:
             child += ["--impl", args.impl]
-        if args.config:
-            child += ["--config", args.config]
-        return run_pool(child, args.processes)
+        return run_pool(child, args.processes, max_restarts=s.restart_max, window_s=s.restart_window_s)
 
     from farm.embedded import ensure_redis
     from workers.agent import load_agent
@@ -59,8 +58,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     s = _settings(args)
     if not s.redis_url:
         s = s.replace(redis_url=f"redis://127.0.0.1:{s.embedded_port}/0")
-    r = connect_sync(s)
-    status = collect_status(r, s.keys)
+    from farm.transport import errors
+
+    with errors(s.redis_url):
+        status = collect_status(connect_sync(s), s.keys)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
     else:
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"farm: {exc}", file=sys.stderr)
         return 2
     except FarmError as exc:
-        print(f"farm: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        print(f"farm: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -1,11 +1,18 @@
 """The client side of the farm: submit tasks, await their rollouts.
 
-Used by the producer CLI and the trainer. Submitting pipelines XADDs in chunks and creates
-each agent's consumer group first (at id 0, so no task is skipped by a late group).
-Collecting reads the run's result stream, drops duplicates by task_id (delivery is
-at-least-once), and waits for a given set of tasks up to a deadline; tasks still missing
-at the deadline come back as `failed` rollouts of kind `deadline`, so a caller never
-waits forever and never mistakes a missing rollout for a zero reward.
+Used by the producer CLI and the trainer. Submitting checks each task (its reply_to must be
+a result stream of the namespace, its body within max_entry_bytes), then pipelines XADDs in
+chunks and creates each agent's consumer group first (at id 0, so no task is skipped by a
+late group).
+
+Consuming has one path, `ResultReader.batches()`: it reads the run's result stream, drops
+duplicates by task_id (delivery is at-least-once), trims what it read, and turns an entry it
+cannot decode (garbage, too deep, too large, another version) into a dead letter on
+`{ns}:dead-results` with the reason, plus a `malformed` failure for its task when the entry
+still says which task it was. `async for rollout in client.results(tasks, timeout_s=...)`
+yields one rollout per task as they arrive; tasks still missing at the deadline come back as
+`failed` rollouts of kind `deadline`, so a caller never waits forever and never mistakes a
+missing rollout for a zero reward. Every Redis call goes through the client's Outage.
 """
 
 from __future__ import annotations
@@ -14,17 +21,18 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import Callable, Iterable, Optional
+from typing import AsyncIterator, Callable, Iterable, Optional
 
 import redis.asyncio as aioredis
 
 from farm import schema
-from farm.connection import RETRYABLE, connect
-from farm.errors import MalformedEntry, SchemaError
+from farm.connection import connect
+from farm.errors import ConfigError, SchemaError
 from farm.keys import Keys
-from farm.schema import ErrorKind, Rollout, Task
+from farm.schema import AgentRef, ErrorKind, Rollout, RolloutError, Status, Task
 from farm.settings import Settings
-from farm.streams import Backoff, ensure_group
+from farm.streams import ensure_group
+from farm.transport import Outage
 
 log = logging.getLogger("farm.client")
 
@@ -32,11 +40,15 @@ Progress = Callable[[int, int, Rollout], None]
 
 
 class ResultReader:
-    """Reads one result stream, deduplicating by task_id and buffering early arrivals."""
+    """Reads one result stream: deduplicates by task_id, dead-letters poison, buffers early arrivals."""
 
-    def __init__(self, r: aioredis.Redis, stream: str, *, backoff: Backoff, block_ms: int = 500,
-                 delete_delivered: bool = True):
-        self.r, self.stream, self.backoff, self.block_ms = r, stream, backoff, block_ms
+    def __init__(self, r: aioredis.Redis, stream: str, *, keys: Keys, outage: Outage, block_ms: int = 500,
+                 max_entry_bytes: int = schema.MAX_ENTRY_BYTES, delete_delivered: bool = True, dedupe: bool = True):
+        self.r, self.stream, self.keys, self.outage, self.block_ms = r, stream, keys, outage, block_ms
+        # dedupe=False hands out every copy: for a caller that matches rollouts to what it waits
+        # for itself (`farm collect`, whose resubmitted tasks reuse the ids of a crashed run's).
+        self.dedupe = dedupe
+        self.max_entry_bytes = max_entry_bytes
         self.delete_delivered = delete_delivered
         self.last_id = "0-0"
         self.buffer: dict[str, Rollout] = {}
@@ -45,77 +57,85 @@ class ResultReader:
         self.malformed = 0
         self._lock = asyncio.Lock()
 
-    async def _pull(self, block_ms: int) -> None:
-        try:
-            resp = await self.r.xread({self.stream: self.last_id}, count=1000, block=block_ms)
-            self.backoff.ok()
-        except RETRYABLE as exc:
-            await self.backoff.wait(exc, f"reading {self.stream}")
-            return
-        ids = []
+    async def pull(self, block_ms: int) -> int:
+        """Read what arrived (waiting up to block_ms) into the buffer; returns how many new rollouts."""
+        async with self._lock:
+            return await self._pull(block_ms)
+
+    async def _pull(self, block_ms: int) -> int:
+        resp = await self.outage.call(lambda: self.r.xread({self.stream: self.last_id}, count=1000, block=block_ms),
+                                      f"reading {self.stream}")
+        ids: list[str] = []
+        letters: list[dict] = []
+        new = 0
         for _, entries in resp or []:
             for entry_id, fields in entries:
                 self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 ids.append(self.last_id)
                 try:
-                    rollout = schema.decode_rollout(fields)
+                    rollout = schema.decode_rollout(fields, self.max_entry_bytes)
                 except SchemaError as exc:
                     self.malformed += 1
-                    log.error("dropping unreadable result %s in %s: %s", self.last_id, self.stream, exc)
-                    continue
+                    letters.append(self._letter(fields, exc))
+                    rollout = self._salvaged(fields, exc)
+                    if rollout is None:
+                        continue
                 if rollout.task_id in self.seen or rollout.task_id in self.buffer:
                     self.duplicates += 1
                     continue
                 self.buffer[rollout.task_id] = rollout
-        if ids and self.delete_delivered:
-            # The rollouts now live in this process; keep the stream from growing without bound.
-            try:
-                await self.r.xdel(self.stream, *ids)
-            except RETRYABLE as exc:
-                log.warning("could not trim %s: %s", self.stream, exc)
+                new += 1
+        if letters or (ids and self.delete_delivered):
+            # Dead letters first, then the trim: an unreadable entry is never dropped unrecorded.
+            async def settle() -> None:
+                pipe = self.r.pipeline(transaction=True)
+                for letter in letters:
+                    pipe.xadd(self.keys.dead_results(), letter)
+                if ids and self.delete_delivered:
+                    # The rollouts now live in this process; keep the stream from growing without bound.
+                    pipe.xdel(self.stream, *ids)
+                await pipe.execute()
 
-    def _take(self, task_id: str) -> Optional[Rollout]:
+            await self.outage.call(settle, f"trimming {self.stream}")
+        return new
+
+    def _letter(self, fields: dict, exc: SchemaError) -> dict:
+        log.error("dead-lettering unreadable result in %s: %s", self.stream, exc)
+        return {"v": fields.get(b"v", b""), "d": fields.get(b"d", b"")[: self.max_entry_bytes],
+                "kind": exc.kind, "reason": str(exc), "stream": self.stream, "entry_id": self.last_id,
+                "at": time.time()}
+
+    def _salvaged(self, fields: dict, exc: SchemaError) -> Optional[Rollout]:
+        """A `malformed` failure for the task an unreadable result answered, when the entry still names it."""
+        info = schema.salvage(fields)
+        ref = info.get("agent_ref")
+        try:
+            return Rollout(task_id=info["task_id"], run_id=info["run_id"], group_id=str(info.get("group_id", "")),
+                           sample_index=int(info.get("sample_index", 0)),
+                           agent_ref=AgentRef(name=str(ref["name"])), status=Status.failed,
+                           error=RolloutError(kind=exc.kind, message=f"unreadable result: {exc}"),
+                           finished_at=time.time())
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def take(self, task_id: str) -> Optional[Rollout]:
         rollout = self.buffer.pop(task_id, None)
-        if rollout is not None:
+        if rollout is not None and self.dedupe:
             self.seen.add(task_id)
         return rollout
 
-    async def wait(self, tasks: Iterable[Task], timeout_s: Optional[float] = None,
-                   on_progress: Optional[Progress] = None) -> dict[str, Rollout]:
-        """Rollouts for `tasks`, one per task_id; missing ones at the deadline become failures."""
-        wanted = {t.task_id: t for t in tasks}
-        again = [t for t in wanted if t in self.seen]
-        if again:
-            raise ValueError(f"{len(again)} of these tasks were already delivered or given up on "
-                             f"(e.g. {again[0]}); each rollout is handed out once")
-        got: dict[str, Rollout] = {}
-        deadline = time.monotonic() + timeout_s if timeout_s else None
+    def drop(self, task_id: str) -> None:
+        """Stop waiting for a task: a late rollout for it is dropped as a duplicate."""
+        self.buffer.pop(task_id, None)
+        self.seen.add(task_id)
 
-        def harvest() -> None:
-            for task_id in [t for t in wanted if t not in got]:
-                rollout = self._take(task_id)
-                if rollout is not None:
-                    got[task_id] = rollout
-                    if on_progress:
-                        on_progress(len(got), len(wanted), rollout)
-
-        harvest()
-        while len(got) < len(wanted):
-            block = self.block_ms
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                block = max(1, min(block, int(left * 1000)))
-            async with self._lock:
-                await self._pull(block)
-            harvest()
-        for task_id, task in wanted.items():
-            if task_id not in got:
-                self.seen.add(task_id)  # a late arrival is dropped as a duplicate
-                got[task_id] = Rollout.failure(task, ErrorKind.deadline,
-                                               f"no rollout within {timeout_s}s of waiting")
-        return got
+    async def batches(self) -> AsyncIterator[list[Rollout]]:
+        """Every rollout that arrives on the stream, once, in batches as read (empty after an idle block_ms)."""
+        while True:
+            if not self.buffer:
+                await self.pull(self.block_ms)
+            got = [self.take(task_id) for task_id in list(self.buffer)]
+            yield [r for r in got if r is not None]
 
 
 class FarmClient:
@@ -125,13 +145,10 @@ class FarmClient:
         self.settings = settings
         self.keys: Keys = settings.keys
         self.r = r or connect(settings)
+        self.outage = Outage.for_settings(settings)
         self.chunk = chunk
         self._groups: set[str] = set()
         self._readers: dict[str, ResultReader] = {}
-
-    def backoff(self) -> Backoff:
-        s = self.settings
-        return Backoff(s.connect_backoff_s, s.connect_backoff_max_s, s.redis_down_max_s)
 
     def results_stream(self, run_id: str) -> str:
         return self.keys.results(run_id)
@@ -152,56 +169,92 @@ class FarmClient:
             ids += await self._submit_chunk(batch)
         return ids
 
-    async def _submit_chunk(self, tasks: list[Task]) -> list[str]:
-        by_agent: dict[str, list[Task]] = defaultdict(list)
+    def _entries(self, tasks: list[Task]) -> dict[str, list[dict]]:
+        """The entries to add per stream; refuses (before anything is written) a task no worker could settle."""
+        by_stream: dict[str, list[dict]] = defaultdict(list)
         for t in tasks:
-            by_agent[t.agent_ref.name].append(t)
-        backoff = self.backoff()
-        while True:
-            try:
-                for agent in by_agent:
-                    if agent not in self._groups:
-                        await ensure_group(self.r, self.keys.tasks(agent))
-                        await self.r.sadd(self.keys.agents(), agent)
-                        self._groups.add(agent)
-                pipe = self.r.pipeline(transaction=False)
-                for agent, group in by_agent.items():
-                    stream = self.keys.tasks(agent)
-                    for t in group:
-                        pipe.xadd(stream, schema.entry(t))
-                await pipe.execute()
-                return [t.task_id for t in tasks]
-            except RETRYABLE as exc:
-                # A lost reply may mean the chunk went in: consumers deduplicate by task_id.
-                await backoff.wait(exc, "submitting tasks")
+            if not self.keys.is_result_stream(t.reply_to):
+                raise ConfigError(f"task {t.task_id}: reply_to {t.reply_to[:200]!r} is not a result stream of "
+                                  f"namespace {self.keys.ns!r} ({self.keys.results_prefix()}RUN_ID; "
+                                  "client.task() builds it)")
+            fields = schema.entry(t)
+            if len(fields[b"d"]) > self.settings.max_entry_bytes:
+                raise ConfigError(f"task {t.task_id} is {len(fields[b'd']):,} bytes encoded, over "
+                                  f"max_entry_bytes={self.settings.max_entry_bytes:,}: shorten its row")
+            by_stream[self.keys.tasks(t.agent_ref.name)].append(fields)
+        return by_stream
 
-    def reader(self, run_id: str) -> ResultReader:
+    async def _submit_chunk(self, tasks: list[Task]) -> list[str]:
+        by_stream = self._entries(tasks)
+        agents = {t.agent_ref.name for t in tasks}
+
+        async def add() -> None:
+            for agent in agents - self._groups:
+                await ensure_group(self.r, self.keys.tasks(agent))
+                await self.r.sadd(self.keys.agents(), agent)
+                self._groups.add(agent)
+            pipe = self.r.pipeline(transaction=False)
+            for stream, entries in by_stream.items():
+                for fields in entries:
+                    pipe.xadd(stream, fields)
+            await pipe.execute()
+
+        # A lost reply may mean the chunk went in: consumers deduplicate by task_id.
+        await self.outage.call(add, "submitting tasks")
+        return [t.task_id for t in tasks]
+
+    def reader(self, run_id: str, *, dedupe: bool = True) -> ResultReader:
         stream = self.results_stream(run_id)
         if stream not in self._readers:
-            self._readers[stream] = ResultReader(self.r, stream, backoff=self.backoff(),
-                                                 block_ms=self.settings.block_ms)
+            self._readers[stream] = ResultReader(self.r, stream, keys=self.keys, outage=self.outage,
+                                                 block_ms=self.settings.block_ms,
+                                                 max_entry_bytes=self.settings.max_entry_bytes, dedupe=dedupe)
         return self._readers[stream]
+
+    async def results(self, tasks: Iterable[Task], *, timeout_s: Optional[float] = None,
+                      deadline: Optional[float] = None) -> AsyncIterator[Rollout]:
+        """One rollout per task, as each arrives; at the deadline (epoch seconds, or timeout_s from
+        now) the missing ones come back as `deadline` failures. Tasks may span runs."""
+        wanted: dict[str, Task] = {}
+        for t in tasks:
+            wanted[t.task_id] = t
+        readers = {t.run_id: self.reader(t.run_id) for t in wanted.values()}
+        again = [t for t in wanted.values() if t.task_id in readers[t.run_id].seen]
+        if again:
+            raise ValueError(f"{len(again)} of these tasks were already delivered or given up on "
+                             f"(e.g. {again[0].task_id}); each rollout is handed out once")
+        if timeout_s is not None:
+            deadline = min(deadline or float("inf"), time.time() + timeout_s)
+        missing = dict(wanted)
+        while True:
+            for task_id, task in list(missing.items()):
+                rollout = readers[task.run_id].take(task_id)
+                if rollout is not None:
+                    del missing[task_id]
+                    yield rollout
+            if not missing:
+                return
+            block = self.settings.block_ms
+            if deadline is not None:
+                left = deadline - time.time()
+                if left <= 0:
+                    break
+                block = max(1, min(block, int(left * 1000)))
+            runs = {t.run_id for t in missing.values()}
+            await asyncio.gather(*(readers[run].pull(block) for run in runs))
+        waited = f"{timeout_s}s" if timeout_s is not None else "the deadline"
+        for task_id, task in missing.items():
+            readers[task.run_id].drop(task_id)
+            yield Rollout.failure(task, ErrorKind.deadline, f"no rollout within {waited} of waiting")
 
     async def collect(self, tasks: list[Task], timeout_s: Optional[float] = None,
                       on_progress: Optional[Progress] = None) -> dict[str, Rollout]:
-        """Await one rollout per task (tasks may span runs; each run has its own stream)."""
-        by_run: dict[str, list[Task]] = defaultdict(list)
-        for t in tasks:
-            by_run[t.run_id].append(t)
-        done = 0
-        total = len(tasks)
-
-        def progress(_: int, __: int, rollout: Rollout) -> None:
-            nonlocal done
-            done += 1
-            if on_progress:
-                on_progress(done, total, rollout)
-
-        parts = await asyncio.gather(*(self.reader(run).wait(group, timeout_s, progress)
-                                       for run, group in by_run.items()))
+        """Await one rollout per task (a dict by task_id); see results()."""
         out: dict[str, Rollout] = {}
-        for p in parts:
-            out.update(p)
+        async for rollout in self.results(tasks, timeout_s=timeout_s):
+            out[rollout.task_id] = rollout
+            if on_progress:
+                on_progress(len(out), len(tasks), rollout)
         return out
 
     async def run_batch(self, tasks: list[Task], timeout_s: Optional[float] = None,

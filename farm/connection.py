@@ -1,8 +1,8 @@
 """Redis connections: one place that turns Settings into a client.
 
-Every client gets a bounded retry policy (jittered exponential backoff, settings.connect_retries
-tries) on connection errors and timeouts; nothing here retries forever. `redis://`,
-`rediss://` (TLS; `?ssl_cert_reqs=none` and friends are honoured by redis-py) and
+redis-py's own Retry is switched off (zero retries): retrying is farm.transport.Outage's job
+alone, with a time bound, so two retry layers never multiply into minutes of attempts.
+`redis://`, `rediss://` (TLS; `?ssl_cert_reqs=none` and friends are honoured by redis-py) and
 passwords / ACL users in the URL (`redis://user:password@host:6379/0`) all work.
 """
 
@@ -10,26 +10,22 @@ from __future__ import annotations
 
 import redis
 import redis.asyncio as aioredis
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from farm.errors import ConfigError
 from farm.settings import Settings
 
-RETRYABLE = (ConnectionError, TimeoutError, BusyLoadingError, ConnectionRefusedError, OSError)
-
 
 def _options(settings: Settings) -> dict:
     if not settings.redis_url:
         raise ConfigError("no redis_url: start an embedded Redis first (farm.embedded.ensure_redis)")
-    backoff = ExponentialWithJitterBackoff(cap=settings.connect_backoff_max_s, base=settings.connect_backoff_s)
     return dict(
         socket_timeout=settings.socket_timeout_s,
         socket_connect_timeout=min(settings.socket_timeout_s, 10.0),
         health_check_interval=30,
         decode_responses=False,
-        retry=Retry(backoff, settings.connect_retries, supported_errors=(ConnectionError, TimeoutError, BusyLoadingError)),
+        retry=Retry(NoBackoff(), 0),
     )
 
 

@@ -4,7 +4,8 @@
     {ns}:delayed:{agent}    zset of retries waiting out their backoff (score = due time)
     {ns}:dead:{agent}       stream of dead letters (entry + reason)
     {ns}:stats:{agent}      hash of counters: done, failed, retried, dead, duplicate
-    {ns}:results:{run}      stream of Rollouts for one run (a task's reply_to)
+    {ns}:results:{run}      stream of Rollouts for one run (a task's reply_to; nothing else may be)
+    {ns}:dead-results       stream of result entries a consumer could not decode (entry + reason)
     {ns}:agents             set of agent names that ever had tasks
     {ns}:worker:{id}        heartbeat of a live worker (JSON, expires)
 """
@@ -46,6 +47,18 @@ class Keys:
 
     def results(self, run_id: str) -> str:
         return f"{self.ns}:results:{check_name(run_id, 'run id')}"
+
+    def results_prefix(self) -> str:
+        return f"{self.ns}:results:"
+
+    def is_result_stream(self, key: object) -> bool:
+        """Whether `key` may be a task's reply_to: a result stream of this namespace, nothing else."""
+        prefix = self.results_prefix()
+        return (isinstance(key, str) and key.startswith(prefix)
+                and _NAME.match(key[len(prefix):]) is not None)
+
+    def dead_results(self) -> str:
+        return f"{self.ns}:dead-results"
 
     def agents(self) -> str:
         return f"{self.ns}:agents"

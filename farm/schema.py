@@ -51,6 +51,8 @@ class ErrorKind(str, Enum):
     deadline = "deadline"                # the task's deadline passed before it finished
     max_attempts = "max_attempts"        # delivered max_attempts times without finishing
     invariant = "invariant"              # token trace invariants broken
+    bad_reply_to = "bad_reply_to"        # reply_to is not a result stream of the farm's namespace
+    too_large = "too_large"              # the rollout is bigger than max_entry_bytes
 
 
 def pack_i32(values: Iterable[int]) -> bytes:
@@ -244,41 +246,57 @@ def entry(obj: Task | Rollout) -> dict[bytes, bytes]:
     return {b"v": _VERSION, b"d": _encoder.encode(obj)}
 
 
-def _body(fields: dict) -> bytes:
+# The largest entry body decoded by default (settings.max_entry_bytes overrides it per process).
+MAX_ENTRY_BYTES = 32 * 1024 * 1024
+
+
+def _body(fields: dict, max_bytes: int) -> bytes:
+    if not isinstance(fields, dict):
+        raise MalformedEntry(f"entry is a {type(fields).__name__}, not a mapping of fields")
     version = fields.get(b"v", fields.get("v"))
     body = fields.get(b"d", fields.get("d"))
     if version is None or body is None:
-        raise MalformedEntry(f"entry lacks the 'v' and 'd' fields (has {sorted(map(_text, fields))})")
+        raise MalformedEntry(f"entry lacks the 'v' and 'd' fields (has {sorted(map(_text, fields))[:8]})")
     if isinstance(version, str):
         version = version.encode()
     if version != _VERSION:
-        raise UnknownSchemaVersion(f"schema version {_text(version)!r}; this farm reads version {SCHEMA_VERSION}")
-    return body if isinstance(body, bytes) else body.encode()
+        raise UnknownSchemaVersion(f"schema version {_text(version)[:32]!r}; this farm reads version {SCHEMA_VERSION}")
+    if isinstance(body, str):
+        body = body.encode()
+    if not isinstance(body, bytes):
+        raise MalformedEntry(f"entry body is a {type(body).__name__}, not bytes")
+    if len(body) > max_bytes:
+        raise MalformedEntry(f"entry body is {len(body):,} bytes, over max_entry_bytes={max_bytes:,}")
+    return body
 
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def decode_task(fields: dict) -> Task:
+def _decode(decoder: msgspec.msgpack.Decoder, what: str, body: bytes) -> Any:
+    # Any failure at all is a malformed entry: a body nested deeper than the decoder's recursion
+    # limit raises RecursionError, and a poison entry must end in a dead letter, never a crash loop.
     try:
-        return _task_decoder.decode(_body(fields))
+        return decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise MalformedEntry(f"bad task: {exc}") from None
+        raise MalformedEntry(f"bad {what}: {exc}") from None
+    except (RecursionError, MemoryError) as exc:
+        raise MalformedEntry(f"bad {what}: body nested too deeply or too large to decode ({type(exc).__name__})") from None
+    except Exception as exc:
+        raise MalformedEntry(f"bad {what}: {type(exc).__name__}: {exc}") from None
 
 
-def decode_rollout(fields: dict) -> Rollout:
-    try:
-        return _rollout_decoder.decode(_body(fields))
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise MalformedEntry(f"bad rollout: {exc}") from None
+def decode_task(fields: dict, max_bytes: int = MAX_ENTRY_BYTES) -> Task:
+    return _decode(_task_decoder, "task", _body(fields, max_bytes))
+
+
+def decode_rollout(fields: dict, max_bytes: int = MAX_ENTRY_BYTES) -> Rollout:
+    return _decode(_rollout_decoder, "rollout", _body(fields, max_bytes))
 
 
 def decode_task_body(body: bytes) -> Task:
-    try:
-        return _task_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise MalformedEntry(f"bad task: {exc}") from None
+    return _decode(_task_decoder, "task", body)
 
 
 def salvage(fields: dict) -> dict[str, Any]:
@@ -290,11 +308,15 @@ def salvage(fields: dict) -> dict[str, Any]:
     body = fields.get(b"d", fields.get("d"))
     if not isinstance(body, bytes):
         return {}
+    if len(body) > MAX_ENTRY_BYTES:
+        return {}
     try:
         loose = _loose_decoder.decode(body)
-    except msgspec.DecodeError:
+    except Exception:  # noqa: BLE001 - best effort on a body already known to be bad
         return {}
     if not isinstance(loose, dict):
         return {}
     keep = ("task_id", "run_id", "group_id", "sample_index", "reply_to", "agent_ref", "policy_version")
-    return {k: loose[k] for k in keep if k in loose}
+    out = {k: loose[k] for k in keep if k in loose}
+    # Only plain values survive: whatever reads these fields trusts their types.
+    return {k: v for k, v in out.items() if isinstance(v, (str, int)) or (k == "agent_ref" and isinstance(v, dict))}

@@ -1,36 +1,58 @@
 """The Lua scripts that make each delivery step atomic.
 
-Every script that settles a task starts with XACK and does nothing when XACK returns 0:
-the task was already settled (by this worker before a retried call, or by another worker
-that reclaimed it), so running a script twice never duplicates a rollout. Keys touched are
-all passed in KEYS, as Redis requires.
+Every script that settles a task first checks that the entry is still pending and does nothing
+when it is not: the task was already settled (by this worker before a retried call, or by
+another worker that reclaimed it), so running a script twice never duplicates a rollout. It
+then writes the rollout (or retry, or dead letter) and acknowledges the task only once that
+write succeeded: a write that fails (out of memory, a key of the wrong type) leaves the task
+pending, to be delivered again, never lost. Keys touched are all passed in KEYS, as Redis requires.
 """
 
 from __future__ import annotations
 
 import hashlib
 
+# Settle one task: write what it produced, then acknowledge it, in one script, so a task is
+# never acknowledged unless its rollout (or dead letter) was written.
 # KEYS: tasks stream, stats hash, then one stream per appended entry.
-# ARGV: group, entry id, stats field, then for each appended stream: n, field1, value1, ...
+# ARGV: group, entry id, stats field, result-stream prefix, index in KEYS of the reply stream
+# (0: none), then for each appended stream: n, field1, value1, ...
+# Returns 1 settled; 0 already settled (not pending: a replay, or another worker's reclaim);
+# -1 the reply stream is outside the namespace's result streams; -2 an appended key holds a
+# value that is not a stream. On -1/-2 nothing is written or acknowledged.
 SETTLE = """
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('XDEL', KEYS[1], ARGV[2])
-local a = 4
+if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
+local reply = tonumber(ARGV[5])
+if reply > 0 then
+  local key, prefix = KEYS[reply], ARGV[4]
+  if #key <= #prefix or string.sub(key, 1, #prefix) ~= prefix then return -1 end
+end
+for k = 3, #KEYS do
+  local t = redis.call('TYPE', KEYS[k])['ok']
+  if t ~= 'none' and t ~= 'stream' then return -2 end
+end
+local a = 6
 for k = 3, #KEYS do
   local n = tonumber(ARGV[a]); a = a + 1
   local fields = {}
   for j = 1, 2 * n do fields[j] = ARGV[a]; a = a + 1 end
-  redis.call('XADD', KEYS[k], '*', unpack(fields))
+  local ok = redis.pcall('XADD', KEYS[k], '*', unpack(fields))
+  if type(ok) == 'table' and ok['err'] then return ok end
 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
 return 1
 """
 
 # KEYS: tasks stream, delayed zset, stats hash. ARGV: group, entry id, due time, task body.
+# The retry is written before the task is acknowledged, as in SETTLE.
 RETRY = """
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
+local ok = redis.pcall('ZADD', KEYS[2], ARGV[3], ARGV[4])
+if type(ok) == 'table' and ok['err'] then return ok end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'retried', 1)
 return 1
 """

@@ -58,12 +58,14 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     grace_period_s: float = 30.0
     heartbeat_ttl_s: float = 15.0
     block_ms: int = 500
-    # Connection: bounded reconnects with jittered exponential backoff.
-    connect_retries: int = 6
+    restart_max: int = 5                   # `--processes P`: a child is restarted at most this often...
+    restart_window_s: float = 60.0         # ...within this window; more crashes stop the pool
+    # Connection: one retry layer (farm.transport.Outage), jittered exponential backoff bounded by time.
     connect_backoff_s: float = 0.1
     connect_backoff_max_s: float = 5.0
     socket_timeout_s: float = 30.0
-    redis_down_max_s: float = 120.0        # a worker gives up after Redis is gone this long
+    redis_down_max_s: float = 120.0        # any process gives up after Redis is gone this long
+    max_entry_bytes: int = 32 * 1024 * 1024  # larger task or result entries are dead-lettered, not decoded
     # Policy: the OpenAI-compatible servers (vLLM) the agent loops call.
     policy_urls: list[str] = []            # FARM_POLICY_URLS: comma-separated base URLs
     policy_model: str = "smollm2-135m-instruct"   # the served model name
@@ -87,7 +89,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                     "retry_backoff_s", "retry_backoff_max_s", "task_timeout_s", "concurrency",
                     "grace_period_s", "heartbeat_ttl_s", "block_ms", "connect_backoff_s",
                     "connect_backoff_max_s", "socket_timeout_s", "redis_down_max_s", "policy_timeout_s",
-                    "policy_retry_budget_s")
+                    "policy_retry_budget_s", "restart_max", "restart_window_s", "max_entry_bytes")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -97,8 +99,6 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if urlsplit(url).scheme not in ("http", "https"):
                 raise ValueError(f"policy URL {url!r} must start with http:// or https://")
         self.policy_urls = [server_root(url) for url in self.policy_urls]
-        if self.connect_retries < 0:
-            raise ValueError("connect_retries must be >= 0")
         if self.lease_renew_s >= self.visibility_timeout_s:
             raise ValueError("lease_renew_s must be shorter than visibility_timeout_s, "
                              "or live workers lose their tasks to reclaim")

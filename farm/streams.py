@@ -1,6 +1,7 @@
 """Worker-side stream operations on one agent's task stream.
 
-Reads go through the consumer group (`XREADGROUP ... COUNT free_slots`), so a worker
+Every call goes through the process's farm.transport.Outage (the one retry layer), so
+nothing here catches a redis-py exception itself. Reads go through the consumer group (`XREADGROUP ... COUNT free_slots`), so a worker
 never holds more tasks than it can run. Settling a task (rollout to reply_to + XACK, a
 retry into the delayed set, or a dead letter) is one Lua script per task; the Settler
 pipelines the scripts of many finished tasks into one round trip, which is what lets a
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from typing import Any, Iterable, Optional
 
@@ -19,10 +19,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
 
 from farm import schema
-from farm.connection import RETRYABLE
-from farm.errors import TransportError
 from farm.keys import GROUP, Keys
 from farm.scripts import SHAS, SOURCES
+from farm.transport import Outage, mapped
 
 log = logging.getLogger("farm.streams")
 
@@ -48,67 +47,58 @@ async def ensure_group(r: aioredis.Redis, stream: str) -> None:
             raise
 
 
-class Backoff:
-    """Jittered exponential backoff that gives up after `give_up_s` of continuous failure."""
-
-    def __init__(self, base_s: float, cap_s: float, give_up_s: float):
-        self.base_s, self.cap_s, self.give_up_s = base_s, cap_s, give_up_s
-        self.failures = 0
-        self.since: Optional[float] = None
-
-    def ok(self) -> None:
-        self.failures, self.since = 0, None
-
-    async def wait(self, exc: BaseException, what: str) -> None:
-        now = time.monotonic()
-        self.since = self.since or now
-        if now - self.since > self.give_up_s:
-            raise TransportError(f"{what}: Redis unreachable for {now - self.since:.0f}s ({exc})") from exc
-        delay = min(self.cap_s, self.base_s * 2 ** self.failures) * random.uniform(0.5, 1.0)
-        self.failures += 1
-        log.warning("%s failed (%s: %s); retrying in %.2fs", what, type(exc).__name__, exc, delay)
-        await asyncio.sleep(delay)
+# What SETTLE's negative results mean, for the dead letter that replaces the settle.
+BAD_REPLY = {-1: "is not a result stream of this namespace", -2: "holds a value that is not a stream"}
 
 
 class AgentStream:
     """The task stream of one agent, as seen by one consumer (worker process)."""
 
-    def __init__(self, r: aioredis.Redis, keys: Keys, agent: str, consumer: str):
-        self.r, self.keys, self.agent, self.consumer = r, keys, agent, consumer
+    def __init__(self, r: aioredis.Redis, keys: Keys, agent: str, consumer: str, outage: Outage):
+        self.r, self.keys, self.agent, self.consumer, self.outage = r, keys, agent, consumer, outage
         self.stream = keys.tasks(agent)
         self.stats = keys.stats(agent)
 
     async def setup(self) -> None:
+        await self.outage.call(self._setup, "setting up the stream")
+
+    async def _setup(self) -> None:
         await ensure_group(self.r, self.stream)
         await load_scripts(self.r)
         await self.r.sadd(self.keys.agents(), self.agent)
 
-    async def read(self, count: int, block_ms: int) -> list[Entry]:
+    async def _grouped(self, call) -> Any:
+        """Run a group read; a NOGROUP reply (stream deleted, Redis came back empty) sets the group up again."""
         try:
-            resp = await self.r.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+            return await call()
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            await self.setup()  # the stream was deleted, or Redis came back empty
-            return []
+            await self._setup()
+            return None
+
+    async def read(self, count: int, block_ms: int) -> list[Entry]:
+        resp = await self.outage.call(lambda: self._grouped(lambda: self.r.xreadgroup(
+            GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)), "fetching tasks")
         return [(_s(i), f) for _, entries in resp or [] for i, f in entries]
 
     async def reclaim(self, min_idle_ms: int, count: int) -> list[tuple[str, dict, int]]:
         """Take over entries idle longer than min_idle_ms; returns (id, fields, deliveries)."""
-        try:
-            resp = await self.r.xautoclaim(self.stream, GROUP, self.consumer, min_idle_ms, "0-0", count=count)
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            await self.setup()
+        resp = await self.outage.call(lambda: self._grouped(lambda: self.r.xautoclaim(
+            self.stream, GROUP, self.consumer, min_idle_ms, "0-0", count=count)), "reclaiming tasks")
+        if not resp:
             return []
         entries = [(_s(i), f) for i, f in resp[1] if f is not None]
         if not entries:
             return []
-        pipe = self.r.pipeline(transaction=False)
-        for i, _ in entries:
-            pipe.xpending_range(self.stream, GROUP, min=i, max=i, count=1)
-        counts = await pipe.execute()
+
+        async def deliveries():
+            pipe = self.r.pipeline(transaction=False)
+            for i, _ in entries:
+                pipe.xpending_range(self.stream, GROUP, min=i, max=i, count=1)
+            return await pipe.execute()
+
+        counts = await self.outage.call(deliveries, "reading delivery counts")
         out = []
         for (i, f), p in zip(entries, counts):
             deliveries = p[0]["times_delivered"] if p else 1
@@ -118,17 +108,22 @@ class AgentStream:
     async def renew(self, ids: list[str]) -> list[str]:
         if not ids:
             return []
-        lost = await self._script("renew", [self.stream], [GROUP, self.consumer, *ids])
+        lost = await self.outage.call(lambda: self._script("renew", [self.stream], [GROUP, self.consumer, *ids]),
+                                      "renewing leases")
         return [_s(x) for x in lost]
 
     async def release(self, ids: list[str], idle_ms: int) -> int:
+        """Hand tasks back, in one attempt: this runs while stopping, when Redis may be gone."""
         if not ids:
             return 0
-        return await self._script("release", [self.stream], [GROUP, self.consumer, idle_ms, *ids])
+        return await self.outage.once(
+            lambda: self._script("release", [self.stream], [GROUP, self.consumer, idle_ms, *ids]),
+            "handing tasks back")
 
     async def promote(self, limit: int = 200) -> int:
-        return await self._script("promote", [self.keys.delayed(self.agent), self.stream],
-                                  [time.time(), limit, schema.SCHEMA_VERSION])
+        return await self.outage.call(lambda: self._script(
+            "promote", [self.keys.delayed(self.agent), self.stream], [time.time(), limit, schema.SCHEMA_VERSION]),
+            "promoting due retries")
 
     async def _script(self, name: str, keys: list, args: list) -> Any:
         try:
@@ -138,8 +133,14 @@ class AgentStream:
             return await self.r.evalsha(SHAS[name], len(keys), *keys, *args)
 
     # Settle operations: (script name, keys, args), executed by the Settler.
-    def settle_op(self, entry_id: str, stat: str, appends: Iterable[tuple[str, dict]]) -> tuple:
-        keys, args = [self.stream, self.stats], [GROUP, entry_id, stat]
+    def settle_op(self, entry_id: str, stat: str, appends: Iterable[tuple[str, dict]],
+                  reply_to: Optional[str] = None) -> tuple:
+        """SETTLE for one entry; `reply_to`, when given, is the first appended stream and is checked by the script."""
+        keys = [self.stream, self.stats]
+        args: list = [GROUP, entry_id, stat, self.keys.results_prefix(), 3 if reply_to is not None else 0]
+        appends = list(appends)
+        if reply_to is not None:
+            assert appends and appends[0][0] == reply_to, "the reply is the first appended stream"
         for stream, fields in appends:
             keys.append(stream)
             args.append(len(fields))
@@ -149,7 +150,7 @@ class AgentStream:
 
     def reply_op(self, entry_id: str, rollout: schema.Rollout, reply_to: str) -> tuple:
         stat = "done" if rollout.ok else "failed"
-        return self.settle_op(entry_id, stat, [(reply_to, schema.entry(rollout))])
+        return self.settle_op(entry_id, stat, [(reply_to, schema.entry(rollout))], reply_to=reply_to)
 
     def retry_op(self, entry_id: str, task: schema.Task, due: float) -> tuple:
         return ("retry", [self.stream, self.keys.delayed(self.agent), self.stats],
@@ -163,21 +164,24 @@ class AgentStream:
             "entry_id": entry_id,
         }
         appends = [(self.keys.dead(self.agent), letter)]
-        if reply is not None:
-            appends.append((reply[0], schema.entry(reply[1])))
-        return self.settle_op(entry_id, "dead", appends)
+        if reply is None:
+            return self.settle_op(entry_id, "dead", appends)
+        # The reply goes first: a bad reply_to is found before the dead letter is written.
+        return self.settle_op(entry_id, "dead", [(reply[0], schema.entry(reply[1])), *appends], reply_to=reply[0])
 
 
 class Settler:
     """Batches settle scripts from many concurrent rollouts into pipelined round trips.
 
     `await settler.run(op)` returns the script's result (1 settled, 0 already settled by
-    someone else). Connection errors are retried with bounded backoff; the scripts are
-    idempotent, so replaying a batch whose reply was lost is safe.
+    someone else, -1/-2 a bad reply stream: see farm.scripts.SETTLE). Connection errors are
+    retried by the Outage; the scripts are idempotent, so replaying a batch whose reply was
+    lost is safe. A script that fails inside Redis fails only its own task, mapped to the
+    farm's error.
     """
 
-    def __init__(self, r: aioredis.Redis, backoff: Backoff, max_batch: int = 512):
-        self.r, self.backoff, self.max_batch = r, backoff, max_batch
+    def __init__(self, r: aioredis.Redis, outage: Outage, max_batch: int = 512):
+        self.r, self.outage, self.max_batch = r, outage, max_batch
         self.queue: asyncio.Queue = asyncio.Queue()
         self._task: Optional[asyncio.Task] = None
 
@@ -203,7 +207,8 @@ class Settler:
             while len(batch) < self.max_batch and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             try:
-                results = await self._execute([op for op, _ in batch])
+                results = await self.outage.call(lambda: self._execute([op for op, _ in batch]),
+                                                 "settling rollouts")
             except Exception as exc:  # TransportError after the bounded retries: tasks stay pending
                 for _, fut in batch:
                     if not fut.done():
@@ -213,21 +218,16 @@ class Settler:
                 if fut.done():
                     continue
                 if isinstance(res, Exception):
-                    fut.set_exception(res)
+                    fut.set_exception(mapped(res, self.outage.url))
                 else:
                     fut.set_result(res)
 
     async def _execute(self, ops: list[tuple]) -> list:
-        while True:
-            try:
-                results = await self._pipeline(ops)
-                if any(isinstance(x, NoScriptError) for x in results):
-                    await load_scripts(self.r)  # Redis restarted and lost its script cache
-                    results = await self._pipeline(ops)
-                self.backoff.ok()
-                return results
-            except RETRYABLE as exc:
-                await self.backoff.wait(exc, "settling rollouts")
+        results = await self._pipeline(ops)
+        if any(isinstance(x, NoScriptError) for x in results):
+            await load_scripts(self.r)  # Redis restarted and lost its script cache
+            results = await self._pipeline(ops)
+        return results
 
     async def _pipeline(self, ops: list[tuple]) -> list:
         pipe = self.r.pipeline(transaction=False)

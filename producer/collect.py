@@ -15,9 +15,11 @@ this process is not waiting for (copies from the crashed run) are dropped, so no
 ever written twice. Ctrl-C sets a flag (no exception can land inside a write); the
 collector stops submitting, writes what it has and exits with 130.
 
-Why it reads the result stream itself rather than `ResultReader.wait`: `wait` awaits a
-fixed set of tasks, whereas a sliding window needs "whatever finished next"; the
-deduplication is by (row, repeat), which also holds across runs.
+Why it reads `ResultReader.batches()` rather than `client.results(tasks)`: `results` awaits
+a fixed set of tasks, whereas a sliding window needs "whatever finished next"; both read
+through the same reader, which dead-letters unreadable results. The reader's own
+deduplication is off here: a crashed run's result for a pair that is resubmitted later must
+not hide the new one, so the deduplication is by (row, repeat), which also holds across runs.
 """
 
 from __future__ import annotations
@@ -35,10 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from farm import schema
 from farm.client import FarmClient
-from farm.connection import RETRYABLE
-from farm.errors import ConfigError, FarmError, SchemaError
+from farm.errors import ConfigError, FarmError, TransportError
 from farm.schema import AgentRef, ErrorKind, Rollout, Sampling, Task
 from farm.settings import Settings, load_settings
 from producer import metrics as metrics_mod
@@ -204,39 +204,23 @@ class Collector:
         self.fed = True
 
     async def drain(self, ok: Journal, failures: Journal, on_batch) -> None:
-        last_id = "0-0"
-        backoff = self.client.backoff()
         next_deadline_check = time.monotonic() + 1.0
-        while not (self.fed and not self.outstanding) and not self.stop.is_set():
-            try:
-                resp = await self.client.r.xread({self.stream: last_id}, count=1000, block=self.settings.block_ms)
-                backoff.ok()
-            except RETRYABLE as exc:
-                await backoff.wait(exc, f"reading {self.stream}")
-                continue
-            ids, good, bad = [], [], []
-            for _, entries in resp or []:
-                for entry_id, fields in entries:
-                    last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                    ids.append(last_id)
-                    try:
-                        rollout = schema.decode_rollout(fields)
-                    except SchemaError as exc:
-                        log.error("dropping unreadable result %s: %s", last_id, exc)
-                        continue
-                    self._settle(rollout, good, bad)
+        if self.fed and not self.outstanding:
+            return
+        async for batch in self.client.reader(self.run_id, dedupe=False).batches():
+            good: list[bytes] = []
+            bad: list[bytes] = []
+            for rollout in batch:
+                self._settle(rollout, good, bad)
             if time.monotonic() >= next_deadline_check and self.options.timeout_s:
                 self._expire(good, bad)
                 next_deadline_check = time.monotonic() + 1.0
             ok.write(good)
             failures.write(bad)
-            if ids:
-                try:
-                    await self.client.r.xdel(self.stream, *ids)
-                except RETRYABLE as exc:
-                    log.warning("could not trim %s: %s", self.stream, exc)
             if good or bad:
                 on_batch()
+            if (self.fed and not self.outstanding) or self.stop.is_set():
+                return
 
     def _settle(self, rollout: Rollout, good: list[bytes], bad: list[bytes]) -> None:
         slot = self.outstanding.pop(rollout.task_id, None)
@@ -289,9 +273,9 @@ class Collector:
     async def aclose(self, finished: bool) -> None:
         if finished:
             try:
-                await self.client.r.delete(self.stream)
-            except RETRYABLE:
-                pass
+                await self.client.outage.once(lambda: self.client.r.delete(self.stream), "deleting the result stream")
+            except TransportError as exc:
+                log.warning("could not delete %s: %s", self.stream, exc)
         await self.client.aclose()
 
 

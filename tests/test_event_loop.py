@@ -99,7 +99,7 @@ async def produce(settings, n_fast: int):
             await client.submit([task])
             fast.append(task)
             await asyncio.sleep(FAST_EVERY_S)
-        got = await client.reader("loop").wait(slow + fast, timeout_s=30)
+        got = await client.collect(slow + fast, timeout_s=30)
         return [got[t.task_id] for t in slow], [(t, got[t.task_id]) for t in fast]
     finally:
         await client.aclose()

@@ -282,10 +282,10 @@ async def test_two_replicas_survive_losing_one_mid_run(vllm, tokenizer, settings
                          sampling=Sampling(temperature=1.0, max_tokens=8)) for i in range(16)]
     await client.submit(tasks)
     reader = client.reader("two")
-    first = await reader.wait(tasks[:4], timeout_s=120)
+    first = await client.collect(tasks[:4], timeout_s=120)
     served_before = {r.url: r.served for r in agent.policy.replicas}
     await fwd.stop()
-    rest = await reader.wait(tasks[4:], timeout_s=300)
+    rest = await client.collect(tasks[4:], timeout_s=300)
     w.request_stop()
     await asyncio.wait_for(run, 60)
     await client.aclose()

@@ -91,14 +91,14 @@ def test_a_60s_outage_of_every_replica_loses_and_fails_nothing(settings, stub, m
         tasks = [client.task(run_id="outage", agent=AGENT, row=r) for r in rows(n)]
         await client.submit(tasks)
         reader = client.reader("outage")
-        got = await reader.wait(tasks[:100], timeout_s=120)
+        got = await client.collect(tasks[:100], timeout_s=120)
         stub.stop()
         await asyncio.sleep(5)
         read_early = group_info(settings)["entries-read"]
         await asyncio.sleep(55)
         during = group_info(settings)
         stub.start()
-        got |= await reader.wait(tasks[100:], timeout_s=300)
+        got |= await client.collect(tasks[100:], timeout_s=300)
         await client.aclose()
         return tasks, got, read_early, during
 
@@ -122,7 +122,7 @@ def test_a_permanent_outage_ends_in_policy_failures_and_fetching_pauses(settings
         await client.submit(first)
         reader = client.reader("down")
         start = time.monotonic()
-        failed = await reader.wait(first, timeout_s=120)
+        failed = await client.collect(first, timeout_s=120)
         took = time.monotonic() - start
         # No replica can take work now: new tasks stay in the stream instead of failing.
         later = [client.task(run_id="down", agent=AGENT, row=r) for r in rows(8)]
@@ -130,7 +130,7 @@ def test_a_permanent_outage_ends_in_policy_failures_and_fetching_pauses(settings
         await asyncio.sleep(3)
         waiting = group_info(settings)
         stub.start()
-        done = await reader.wait(later, timeout_s=120)
+        done = await client.collect(later, timeout_s=120)
         await client.aclose()
         return failed, took, waiting, done
 
@@ -173,7 +173,7 @@ def test_worker_heartbeat_reports_fetch_pauses(settings, stub, model_dir):
             client = FarmClient(settings)
             tasks = [client.task(run_id="hb", agent=AGENT, row=r) for r in rows(4)]
             await client.submit(tasks)
-            await client.reader("hb").wait(tasks, timeout_s=60)
+            await client.collect(tasks, timeout_s=60)
             await client.aclose()
 
         asyncio.run(main())

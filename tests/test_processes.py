@@ -29,14 +29,14 @@ def test_sigkilled_worker_loses_nothing(settings, sync_redis):
         try:
             await client.submit(tasks)
             reader = client.reader("kill")
-            partial = await reader.wait(tasks[:4], timeout_s=20)
+            partial = await client.collect(tasks[:4], timeout_s=20)
             assert all(r.ok for r in partial.values())
             pending = sync_redis.xpending(settings.keys.tasks("noop"), GROUP)["pending"]
             assert pending > 0, "the victim should hold tasks in flight when killed"
             victim.kill()
             victim.wait()
             rescuer = spawn_worker(settings, "--agent", "noop", "--concurrency", "8")
-            got = partial | await reader.wait(tasks[4:], timeout_s=60)
+            got = partial | await client.collect(tasks[4:], timeout_s=60)
             stop(rescuer)
             return got, reader
         finally:
@@ -70,7 +70,7 @@ def test_sigterm_drains_in_flight_and_leaves_the_rest(settings, sync_redis):
         delivered = sync_redis.xlen(settings.keys.results("term"))
         remaining = sync_redis.xlen(settings.keys.tasks("noop"))
         proc2 = spawn_worker(settings, "--agent", "noop", "--concurrency", "8")
-        got = await client.reader("term").wait(tasks, timeout_s=30)
+        got = await client.collect(tasks, timeout_s=30)
         stop(proc2)
         await client.aclose()
         return proc.returncode, out, elapsed, delivered, remaining, got
@@ -95,11 +95,11 @@ def test_redis_restart_with_aof_loses_no_acknowledged_work(tmp_path):
         tasks = [client.task(run_id="rs", agent="noop", row=r) for r in rows(300, sleep_s=0.02)]
         await client.submit(tasks)
         reader = client.reader("rs")
-        before = await reader.wait(tasks[:60], timeout_s=30)
+        before = await client.collect(tasks[:60], timeout_s=30)
         server.kill()  # a crash: only what reached the AOF survives
         time.sleep(1.0)
         server.start()
-        got = before | await reader.wait(tasks[60:], timeout_s=90)
+        got = before | await client.collect(tasks[60:], timeout_s=90)
         await client.aclose()
         return before, got, reader
 
@@ -153,7 +153,7 @@ def test_process_pool_runs_and_stops_all_children(settings, sync_redis):
 def test_unknown_agent_is_refused_at_start(settings):
     proc = subprocess.run([sys.executable, "-m", "farm", "worker", "--agent", "no_such_agent"],
                           env=worker_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 1
+    assert proc.returncode == 5  # EXIT_UNKNOWN_AGENT: a supervisor does not restart it
     assert "unknown agent 'no_such_agent'" in proc.stderr and "noop" in proc.stderr
 
 

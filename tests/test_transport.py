@@ -13,11 +13,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from farm import schema
-from farm.client import FarmClient, ResultReader
+from farm.client import FarmClient
 from farm.connection import connect
 from farm.keys import GROUP
 from farm.schema import ErrorKind, Status
-from farm.streams import AgentStream, Backoff, load_scripts
+from farm.streams import AgentStream, load_scripts
+from farm.transport import Outage
 from workers.noop import NoopAgent
 from workers.runtime import Worker
 
@@ -158,13 +159,13 @@ async def test_duplicate_results_are_dropped(settings, sync_redis):
     for t in tasks + tasks[:2]:
         sync_redis.xadd(stream, schema.entry(schema.Rollout.for_task(t, status=Status.ok, reward=1.0)))
     reader = client.reader("dup")
-    got = await reader.wait(tasks, timeout_s=5)
+    got = await client.collect(tasks, timeout_s=5)
     assert len(got) == 3 and reader.duplicates == 2
     # a late copy after delivery is dropped too
     sync_redis.xadd(stream, schema.entry(schema.Rollout.for_task(tasks[0], status=Status.ok, reward=0.0)))
     extra = client.task(run_id="dup", agent="noop", row={})
     sync_redis.xadd(stream, schema.entry(schema.Rollout.for_task(extra, status=Status.ok, reward=1.0)))
-    await reader.wait([extra], timeout_s=5)
+    await client.collect([extra], timeout_s=5)
     assert reader.duplicates == 3
     await client.aclose()
 
@@ -172,7 +173,7 @@ async def test_duplicate_results_are_dropped(settings, sync_redis):
 async def test_settling_twice_writes_one_rollout(settings, sync_redis):
     """The settle script is idempotent: a replayed or competing settle is a no-op."""
     r = connect(settings)
-    stream = AgentStream(r, settings.keys, "noop", "c1")
+    stream = AgentStream(r, settings.keys, "noop", "c1", Outage.for_settings(settings))
     await stream.setup()
     client = FarmClient(settings, r)
     [task] = await submit(client, rows(1))
@@ -224,7 +225,7 @@ async def test_abandoned_tasks_are_reclaimed_and_attempts_counted(redis_url, nam
     settings = make_settings(redis_url, namespace, max_attempts=2)
     client = FarmClient(settings)
     r = connect(settings)
-    ghost = AgentStream(r, settings.keys, "noop", "ghost")  # a consumer that reads and dies
+    ghost = AgentStream(r, settings.keys, "noop", "ghost", Outage.for_settings(settings))  # a consumer that reads and dies
     await ghost.setup()
     tasks = await submit(client, rows(4))
     taken = await ghost.read(4, 100)
@@ -270,7 +271,7 @@ async def test_stop_drains_in_flight_and_hands_back_the_rest(redis_url, namespac
 
 async def test_retry_waits_in_the_delayed_set_and_comes_back(settings, sync_redis):
     r = connect(settings)
-    stream = AgentStream(r, settings.keys, "noop", "c1")
+    stream = AgentStream(r, settings.keys, "noop", "c1", Outage.for_settings(settings))
     await stream.setup()
     client = FarmClient(settings, r)
     [task] = await submit(client, rows(1))
@@ -298,7 +299,7 @@ async def test_password_protected_redis(tmp_path):
             got = await client.collect(tasks, timeout_s=20)
         assert all(r.ok for r in got.values())
         await client.aclose()
-        bad = connect(make_settings(server.url.replace("s3cret", "wrong"), "pw", connect_retries=0))
+        bad = connect(make_settings(server.url.replace("s3cret", "wrong"), "pw"))
         with pytest.raises(Exception, match="(?i)invalid|WRONGPASS|auth"):
             await bad.ping()
         await bad.aclose()
@@ -314,7 +315,7 @@ def test_tls_urls_use_tls_connections():
 
 async def test_renew_reports_only_tasks_taken_by_another_consumer(settings):
     r = connect(settings)
-    mine = AgentStream(r, settings.keys, "noop", "mine")
+    mine = AgentStream(r, settings.keys, "noop", "mine", Outage.for_settings(settings))
     await mine.setup()
     client = FarmClient(settings, r)
     tasks = await submit(client, rows(2))

@@ -90,10 +90,14 @@ class WeightSyncCallback(_callback_base()):
             return
         import redis
 
+        from farm.errors import TransportError
+        from farm.transport import errors
+
         r = redis.Redis.from_url(self.redis_url)
         try:
-            r.set(version_key(self.namespace), version)
-        except redis.RedisError as exc:
+            with errors(self.redis_url):
+                r.set(version_key(self.namespace), version)
+        except TransportError as exc:
             log.warning("could not publish policy version %d: %s", version, exc)
         finally:
             r.close()

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -54,6 +53,7 @@ import msgspec
 
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind
+from farm.transport import backoff_delay
 from workers.rotation import Replica, Rotation, Session, retry_after_s
 
 __all__ = ["Completion", "ContextOverflow", "PolicyClient", "PolicyConfig", "PolicyRejected", "PolicyUnavailable",
@@ -242,7 +242,7 @@ class PolicyClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            delay = min(cfg.backoff_max_s, cfg.backoff_s * 2 ** min(errors - 1, 16)) * random.uniform(0.5, 1.0)
+            delay = backoff_delay(cfg.backoff_s, cfg.backoff_max_s, errors - 1)
             await asyncio.sleep(min(delay, left))
         down = ", ".join(f"{r.url} ({r.last_error or 'cooling'})" for r in self.replicas if not r.ready(time.monotonic()))
         raise PolicyUnavailable(f"no policy answer within the {cfg.retry_budget_s:g}s retry budget "

@@ -1,8 +1,15 @@
 """`farm worker --processes P`: a small supervisor over P single-process workers.
 
-Each child is `python -m farm worker ... --processes 1`, so one process is exactly what a
-Kubernetes pod or a Slurm task would run. The supervisor forwards SIGTERM/SIGINT, restarts a
-child that crashed (a bounded number of times), and exits with the worst child status.
+Each child runs the command it is given (`python -m farm worker ... --processes 1`), so one
+process is exactly what a Kubernetes pod or a Slurm task would run. The supervisor forwards
+SIGTERM/SIGINT and exits with the worst child status.
+
+Restarts follow the child's exit code (farm.errors): a configuration error, refused
+credentials or an unknown agent would fail the same way again, so that child is not
+restarted and the pool stops with its code. A crash (or Redis gone past redis_down_max_s) is
+restarted after a jittered backoff that doubles with each quick failure, at most
+`max_restarts` times within any `window_s` seconds: a child that crashes now and then runs
+for ever, one that crash-loops stops the pool with a message that says so.
 """
 
 from __future__ import annotations
@@ -10,39 +17,91 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-import sys
 import time
+from collections import deque
+from typing import Optional
+
+from farm.errors import NOT_RESTARTABLE
+from farm.transport import backoff_delay
 
 log = logging.getLogger("farm.pool")
 
 
-def run_pool(child_args: list[str], processes: int, *, max_restarts: int = 5) -> int:
-    cmd = [sys.executable, "-m", "farm", *child_args, "--processes", "1"]
-    children = [subprocess.Popen(cmd) for _ in range(processes)]
+class RestartWindow:
+    """At most `max_restarts` restarts within any `window_s` seconds; backoff grows with recent ones."""
+
+    def __init__(self, max_restarts: int, window_s: float, base_s: float = 0.5, cap_s: float = 30.0):
+        self.max_restarts, self.window_s, self.base_s, self.cap_s = max_restarts, window_s, base_s, cap_s
+        self.times: deque[float] = deque()
+
+    def recent(self, now: float) -> int:
+        while self.times and now - self.times[0] > self.window_s:
+            self.times.popleft()
+        return len(self.times)
+
+    def allow(self, now: float) -> Optional[float]:
+        """The delay before a restart now, or None when the window is full."""
+        n = self.recent(now)
+        if n >= self.max_restarts:
+            return None
+        self.times.append(now)
+        return backoff_delay(self.base_s, self.cap_s, n)
+
+
+def run_pool(cmd: list[str], processes: int, *, max_restarts: int = 5, window_s: float = 60.0,
+             base_s: float = 0.5) -> int:
+    children: dict[int, Optional[subprocess.Popen]] = {i: subprocess.Popen(cmd) for i in range(processes)}
+    due: dict[int, float] = {}  # slot -> when its restart is due
+    window = RestartWindow(max_restarts, window_s, base_s)
     stopping = False
-    restarts = 0
+    codes: list[int] = []
 
     def forward(signum, _frame):
         nonlocal stopping
         stopping = True
-        for c in children:
-            if c.poll() is None:
+        for c in children.values():
+            if c is not None and c.poll() is None:
                 c.send_signal(signum)
+
+    def stop_all(why: str) -> None:
+        nonlocal stopping
+        if not stopping:
+            log.error("stopping the pool: %s", why)
+        stopping = True
+        due.clear()
+        for c in children.values():
+            if c is not None and c.poll() is None:
+                c.terminate()
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    codes: list[int] = []
-    while children:
-        time.sleep(0.2)
-        for c in list(children):
-            code = c.poll()
+    while any(c is not None for c in children.values()) or (due and not stopping):
+        time.sleep(0.1)
+        now = time.monotonic()
+        for slot, at in list(due.items()):
+            if now >= at and not stopping:
+                del due[slot]
+                children[slot] = subprocess.Popen(cmd)
+        for slot, c in children.items():
+            code = None if c is None else c.poll()
             if code is None:
                 continue
-            children.remove(c)
-            if not stopping and code != 0 and restarts < max_restarts:
-                restarts += 1
-                log.warning("worker pid %d exited with %d; restarting (%d/%d)", c.pid, code, restarts, max_restarts)
-                children.append(subprocess.Popen(cmd))
-            else:
+            children[slot] = None
+            if stopping or code == 0:
                 codes.append(code)
+                continue
+            if code in NOT_RESTARTABLE:
+                codes.append(code)
+                stop_all(f"worker pid {c.pid} exited with {code} (a configuration problem; "
+                         "restarting would fail the same way)")
+                continue
+            delay = window.allow(now)
+            if delay is None:
+                codes.append(code)
+                stop_all(f"worker pid {c.pid} exited with {code}; {max_restarts} restarts within "
+                         f"{window_s:g}s already (restart_max / restart_window_s)")
+                continue
+            log.warning("worker pid %d exited with %d; restarting in %.1fs (%d restarts in the last %gs)",
+                        c.pid, code, delay, window.recent(now), window_s)
+            due[slot] = now + delay
     return max((abs(c) for c in codes), default=0)

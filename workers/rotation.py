@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Optional
 
 import aiohttp
 
+from farm.transport import backoff_delay
+
 if TYPE_CHECKING:
     from workers.policy import PolicyConfig
 
@@ -164,8 +166,8 @@ class Rotation:
 
     def cool(self, replica: Replica, status: int, retry_after: Optional[float]) -> None:
         replica.cooldowns += 1
-        delay = retry_after if retry_after is not None else min(
-            self.config.backoff_max_s, self.config.backoff_s * 2 ** (replica.cooldowns - 1)) * random.uniform(0.5, 1.0)
+        delay = retry_after if retry_after is not None else backoff_delay(
+            self.config.backoff_s, self.config.backoff_max_s, replica.cooldowns - 1)
         until = time.monotonic() + delay
         if until > replica.cool_until:
             if replica.cool_until <= time.monotonic():

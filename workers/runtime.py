@@ -28,7 +28,6 @@ import asyncio
 import json
 import logging
 import os
-import random
 import resource
 import signal
 import socket
@@ -40,11 +39,12 @@ from typing import Optional
 import msgspec
 
 from farm import schema
-from farm.connection import RETRYABLE, connect
-from farm.errors import ConfigError, RolloutFailure, SchemaError, TransportError
+from farm.connection import connect
+from farm.errors import ConfigError, RedisAuthError, RedisUnavailable, RolloutFailure, SchemaError, TransportError
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
-from farm.streams import AgentStream, Backoff, Settler
+from farm.streams import BAD_REPLY, AgentStream, Settler
+from farm.transport import Outage, backoff_delay
 from workers.agent import Agent, AgentContext
 
 log = logging.getLogger("farm.worker")
@@ -91,8 +91,8 @@ class Worker:
         self._force = False
         self._slot = asyncio.Event()
         self._closed = asyncio.Event()
-        self._backoff = Backoff(settings.connect_backoff_s, settings.connect_backoff_max_s,
-                                settings.redis_down_max_s)
+        self.outage = Outage.for_settings(settings)
+        self._fatal: Optional[TransportError] = None
         self.ctx = AgentContext(worker_id=self.worker_id, settings=settings)
 
     # -- control -----------------------------------------------------------------------
@@ -100,6 +100,15 @@ class Worker:
         if self._stopping.is_set():
             self._force = True
             log.warning("second stop signal: not waiting for in-flight rollouts")
+        self._stopping.set()
+        self._slot.set()
+
+    def _fail(self, exc: TransportError) -> None:
+        """Redis is gone for good (or refuses us): stop at once, without the grace period."""
+        if self._fatal is None:
+            self._fatal = exc
+            log.error("stopping: %s", exc)
+        self._force = True
         self._stopping.set()
         self._slot.set()
 
@@ -112,10 +121,15 @@ class Worker:
     # -- main --------------------------------------------------------------------------
     async def run(self) -> Counter:
         raise_open_files(self.concurrency)
+        s = self.settings
+        if s.policy_urls and s.policy_retry_budget_s >= s.task_timeout_s:
+            log.warning("policy_retry_budget_s (%gs) is not shorter than task_timeout_s (%gs): an attempt times out "
+                        "(and is retried) while its model call still waits for a replica; lower the budget",
+                        s.policy_retry_budget_s, s.task_timeout_s)
         self.r = connect(self.settings)
-        self.stream = AgentStream(self.r, self.settings.keys, self.agent_name, self.worker_id)
-        await self._with_retry(self.stream.setup, "setting up the stream")
-        self.settler = Settler(self.r, self._backoff)
+        self.stream = AgentStream(self.r, self.settings.keys, self.agent_name, self.worker_id, self.outage)
+        await self.stream.setup()
+        self.settler = Settler(self.r, self.outage)
         self.settler.start()
         log.info("worker started", extra={"worker": self.worker_id, "agent": self.agent_name,
                                           "concurrency": self.concurrency})
@@ -123,20 +137,25 @@ class Worker:
         try:
             try:
                 await self._fetch_loop()
+            except TransportError as exc:
+                self._fail(exc)
             except BaseException:
-                self._force = True  # Redis gone for good, or cancelled: do not wait on the grace period
+                self._force = True  # cancelled: do not wait on the grace period
                 raise
             finally:
                 await self._drain()
         finally:
-            # Every step is bounded: a stopping worker always exits, whatever Redis does.
+            # Every step is bounded, and none waits out an outage: a stopping worker always exits.
             self._closed.set()
             await self._bounded(maintenance, "stopping maintenance")
             await self._bounded(self.settler.close(), "stopping the settler")
-            await self._bounded(self.r.delete(self.settings.keys.worker(self.worker_id)), "removing the heartbeat")
+            await self._bounded(self.outage.once(lambda: self.r.delete(self.settings.keys.worker(self.worker_id)),
+                                                 "removing the heartbeat"), "removing the heartbeat")
             await self._bounded(self.agent.aclose(), "closing the agent")
             await self._bounded(self.r.aclose(), "closing the connection")
             log.info("worker stopped", extra={"worker": self.worker_id, **self.counters})
+        if self._fatal is not None:
+            raise self._fatal
         return self.counters
 
     async def _bounded(self, aw, what: str, timeout_s: float = 5.0) -> None:
@@ -144,17 +163,8 @@ class Worker:
             await asyncio.wait_for(aw, timeout_s)
         except asyncio.TimeoutError:
             log.warning("%s took over %.0fs; going on", what, timeout_s)
-        except RETRYABLE as exc:
+        except TransportError as exc:
             log.warning("%s failed: %s", what, exc)
-
-    async def _with_retry(self, fn, what: str):
-        while True:
-            try:
-                result = await fn()
-                self._backoff.ok()
-                return result
-            except RETRYABLE as exc:
-                await self._backoff.wait(exc, what)
 
     async def _fetch_loop(self) -> None:
         s = self.settings
@@ -169,20 +179,18 @@ class Worker:
             if not self._agent_ready():
                 await self._pause_fetching()
                 continue
-            try:
-                if time.monotonic() >= next_reclaim:
-                    next_reclaim = time.monotonic() + s.reclaim_interval_s
-                    for entry_id, fields, deliveries in await self.stream.reclaim(vt_ms, free):
-                        self.counters["reclaimed"] += 1
-                        self._start(entry_id, fields, deliveries)
-                    free = self.concurrency - len(self.inflight)
-                    if free <= 0:
-                        continue
-                for entry_id, fields in await self.stream.read(free, s.block_ms):
-                    self._start(entry_id, fields, 1)
-                self._backoff.ok()
-            except RETRYABLE as exc:
-                await self._backoff.wait(exc, "fetching tasks")
+            if time.monotonic() >= next_reclaim:
+                next_reclaim = time.monotonic() + s.reclaim_interval_s
+                for entry_id, fields, deliveries in await self.stream.reclaim(vt_ms, free):
+                    self.counters["reclaimed"] += 1
+                    self._start(entry_id, fields, deliveries)
+                free = self.concurrency - len(self.inflight)
+                if free <= 0:
+                    continue
+            if self._stopping.is_set():
+                break
+            for entry_id, fields in await self.stream.read(free, s.block_ms):
+                self._start(entry_id, fields, 1)
 
     def _agent_ready(self) -> bool:
         ready = getattr(self.agent, "ready", None)
@@ -221,9 +229,9 @@ class Worker:
         if left:
             idle_ms = int(self.settings.visibility_timeout_s * 1000) + 1
             try:
-                n = await self.stream.release(left, idle_ms)
+                n = await asyncio.wait_for(self.stream.release(left, idle_ms), 5.0)
                 log.warning("handed %d unfinished tasks back to the group", n)
-            except RETRYABLE as exc:
+            except (TransportError, asyncio.TimeoutError) as exc:
                 log.warning("could not hand back %d tasks (%s); they are reclaimed after the visibility timeout",
                             len(left), exc)
 
@@ -236,15 +244,19 @@ class Worker:
         try:
             op = await self._outcome(entry_id, fields, deliveries, picked)
             settled = await self.settler.run(op)
+            if settled in BAD_REPLY:
+                settled = await self.settler.run(self._bad_reply_op(entry_id, fields, deliveries, settled))
             if not settled:
                 self.counters["duplicate"] += 1
                 log.info("task settled elsewhere; dropped this result", extra={"entry": entry_id})
         except asyncio.CancelledError:
             raise
-        except (TransportError, *RETRYABLE) as exc:
+        except TransportError as exc:
             # Not settled: the entry stays pending and is reclaimed after the visibility timeout.
             log.error("could not settle task %s: %s", entry_id, exc)
             self.counters["unsettled"] += 1
+            if isinstance(exc, (RedisUnavailable, RedisAuthError)):
+                self._fail(exc)
         finally:
             self.inflight.pop(entry_id, None)
             self._slot.set()
@@ -253,11 +265,16 @@ class Worker:
         s = self.settings
         st = self.stream
         try:
-            task = schema.decode_task(fields)
+            task = schema.decode_task(fields, s.max_entry_bytes)
         except SchemaError as exc:
             self.counters["dead"] += 1
             log.error("dead-lettering unreadable entry", extra={"entry": entry_id, "reason": str(exc)})
             return st.dead_op(entry_id, fields, exc.kind, str(exc), deliveries, self._salvage_reply(fields, exc))
+        if not s.keys.is_result_stream(task.reply_to):
+            self.counters["dead"] += 1
+            reason = f"reply_to {task.reply_to[:200]!r} {BAD_REPLY[-1]} ({s.keys.results_prefix()}RUN)"
+            log.error("dead-lettering task", extra={"task_id": task.task_id, "kind": "bad_reply_to", "reason": reason})
+            return st.dead_op(entry_id, fields, ErrorKind.bad_reply_to, reason, deliveries)
 
         attempt = task.attempt + deliveries - 1
         if attempt > s.max_attempts:
@@ -293,9 +310,28 @@ class Worker:
         except Exception as exc:
             return self._retry_or_give_up(entry_id, fields, task, attempt, ErrorKind.agent_error,
                                           f"{type(exc).__name__}: {exc}", picked)
-        rollout = self._stamp(rollout, task, attempt, picked)
+        rollout = self._fit(self._stamp(rollout, task, attempt, picked), task)
         self.counters["done" if rollout.ok else "failed"] += 1
         return st.reply_op(entry_id, rollout, task.reply_to)
+
+    def _fit(self, rollout: Rollout, task: Task) -> Rollout:
+        """A rollout too big for any consumer to accept becomes a failure that says so."""
+        size = len(schema.encode(rollout))
+        if size <= self.settings.max_entry_bytes:
+            return rollout
+        reason = f"rollout is {size:,} bytes, over max_entry_bytes={self.settings.max_entry_bytes:,}"
+        log.error("rollout too large", extra={"task_id": task.task_id, "reason": reason})
+        return msgspec.structs.replace(Rollout.failure(task, ErrorKind.too_large, reason), worker_id=rollout.worker_id,
+                                       attempt=rollout.attempt, timings=rollout.timings,
+                                       finished_at=rollout.finished_at)
+
+    def _bad_reply_op(self, entry_id: str, fields: dict, deliveries: int, code: int) -> tuple:
+        """SETTLE refused the reply stream: dead-letter the task with the reason instead (nothing lost)."""
+        reply_to = schema.salvage(fields).get("reply_to", "?")
+        reason = f"reply_to {str(reply_to)[:200]!r} {BAD_REPLY[code]}"
+        self.counters["dead"] += 1
+        log.error("dead-lettering task", extra={"entry": entry_id, "kind": "bad_reply_to", "reason": reason})
+        return self.stream.dead_op(entry_id, fields, ErrorKind.bad_reply_to, reason, deliveries)
 
     def _retry_or_give_up(self, entry_id: str, fields: dict, task: Task, attempt: int, kind: str,
                           message: str, picked: float) -> tuple:
@@ -303,7 +339,7 @@ class Worker:
         if attempt >= s.max_attempts:
             return self._give_up(entry_id, fields, task, kind, f"failed {attempt} attempts; last: {message}",
                                  attempt, picked)
-        delay = min(s.retry_backoff_max_s, s.retry_backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+        delay = backoff_delay(s.retry_backoff_s, s.retry_backoff_max_s, attempt - 1)
         self.counters["retried"] += 1
         log.info("retrying task", extra={"task_id": task.task_id, "attempt": attempt, "kind": str(kind),
                                             "reason": message, "delay_s": round(delay, 3)})
@@ -321,6 +357,8 @@ class Worker:
         """Address a failed rollout to whoever waits for an unreadable task, when we can tell who."""
         info = schema.salvage(fields)
         ref = info.get("agent_ref")
+        if not self.settings.keys.is_result_stream(info.get("reply_to")):
+            return None
         try:
             return info["reply_to"], Rollout(
                 task_id=info["task_id"], run_id=info["run_id"], group_id=info.get("group_id", ""),
@@ -349,7 +387,7 @@ class Worker:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + beat_every
-                    await self._heartbeat()
+                    await self.outage.call(self._heartbeat, "refreshing the heartbeat")
                 if now >= next_renew:
                     next_renew = now + s.lease_renew_s
                     lost = await self.stream.renew(list(self.inflight))
@@ -359,7 +397,10 @@ class Worker:
                 moved = await self.stream.promote()
                 if moved:
                     log.debug("moved %d due retries back into the stream", moved)
-            except RETRYABLE as exc:
+            except (RedisUnavailable, RedisAuthError) as exc:
+                self._fail(exc)
+                return
+            except TransportError as exc:
                 log.warning("maintenance: %s", exc)
             try:
                 await asyncio.wait_for(self._closed.wait(), 0.25)

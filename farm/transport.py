@@ -1,0 +1,199 @@
+"""The one boundary between the farm and redis-py: error mapping and the one retry layer.
+
+redis-py raises a dozen exception types, some of them subclasses of others in surprising
+ways (an AuthenticationError *is* a ConnectionError). Everything above this module sees only
+the farm's own errors, mapped once here:
+
+    redis-py                                      farm
+    AuthenticationError, NOAUTH, WRONGPASS        RedisAuthError     at once, never retried
+    NoPermissionError, NOPERM                     RedisAuthError     at once
+    OOM command not allowed                       RedisOutOfMemory   at once
+    WRONGTYPE                                     RedisWrongType     at once
+    error inside a Lua script                     RedisScriptError   at once
+    ConnectionError, TimeoutError, OSError,       retried by Outage, then RedisUnavailable
+      BusyLoadingError, ReadOnlyError, TryAgain
+
+Retrying lives in exactly one place, `Outage`: jittered exponential backoff whose bound is
+time (settings.redis_down_max_s, counted from the first failure of the outage and shared by
+every caller in the process), not a count. redis-py's own Retry is switched off in
+farm.connection, so the bound is real: a process whose Redis is gone gives up within
+redis_down_max_s plus one socket timeout at most, and says so at most once a second.
+
+Messages name the Redis URL with its password replaced by `***`, and what to check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from contextlib import contextmanager
+from typing import Any, Awaitable, Callable, Iterator, Optional, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from redis import exceptions as rx
+
+from farm.errors import (RedisAuthError, RedisOutOfMemory, RedisScriptError, RedisUnavailable, RedisWrongType,
+                         TransportError)
+
+log = logging.getLogger("farm.transport")
+
+T = TypeVar("T")
+
+# Worth another try after a pause: the server is away, starting, read-only for a moment.
+_TRANSIENT = (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ReadOnlyError, rx.TryAgainError,
+              ConnectionError, TimeoutError, OSError)
+_AUTH_MARKERS = ("NOAUTH", "WRONGPASS", "invalid password", "invalid username-password")
+
+
+def backoff_delay(base_s: float, cap_s: float, failures: int) -> float:
+    """Jittered exponential backoff: the delay before the next try after `failures` failed ones (from 0)."""
+    return min(cap_s, base_s * 2 ** min(failures, 30)) * random.uniform(0.5, 1.0)
+
+
+def redact(url: Optional[str]) -> str:
+    """The URL with its password (if any) replaced by ***, for messages and logs."""
+    if not url:
+        return "<no redis_url>"
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable redis_url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (rx.AuthenticationError, rx.AuthenticationWrongNumberOfArgsError)):
+        return False
+    return isinstance(exc, _TRANSIENT)
+
+
+def mapped(exc: BaseException, url: str) -> TransportError:
+    """The farm's error for a redis-py (or socket) exception. `url` is already redacted."""
+    text = str(exc)
+    if isinstance(exc, (rx.AuthenticationError, rx.AuthenticationWrongNumberOfArgsError)) or (
+            isinstance(exc, rx.ResponseError) and any(m in text for m in _AUTH_MARKERS)):
+        return RedisAuthError(f"Redis at {url} refused the credentials ({text}): check the password and user "
+                              "in redis_url (FARM_REDIS_URL or the settings file)")
+    if isinstance(exc, rx.NoPermissionError) or text.startswith("NOPERM"):
+        return RedisAuthError(f"Redis at {url} denied a command ({text}): the ACL user needs the stream, "
+                              "hash, set, sorted set, string and scripting commands on the farm's keys")
+    if isinstance(exc, rx.OutOfMemoryError) or text.startswith("OOM"):
+        return RedisOutOfMemory(f"Redis at {url} is out of memory ({text}): raise maxmemory, or consume "
+                                "results faster (result streams are trimmed as they are read)")
+    if text.startswith("WRONGTYPE") or "WRONGTYPE" in text:
+        return RedisWrongType(f"Redis at {url}: a key the farm writes holds another type ({text}); "
+                              "is another application using the farm's namespace?")
+    if isinstance(exc, rx.ResponseError) and ("script" in text.lower() or "user_function" in text):
+        return RedisScriptError(f"Redis at {url}: a farm script failed ({text})")
+    if is_transient(exc):
+        return RedisUnavailable(f"cannot reach Redis at {url} ({type(exc).__name__}: {text}): is it running, "
+                                "and is redis_url right? (`farm redis` starts one)")
+    return TransportError(f"Redis at {url}: {type(exc).__name__}: {text}")
+
+
+@contextmanager
+def errors(url: Optional[str]) -> Iterator[None]:
+    """Map anything redis-py raises inside the block (one-shot calls: the CLI, admin commands)."""
+    try:
+        yield
+    except TransportError:
+        raise
+    except (rx.RedisError, OSError) as exc:
+        raise mapped(exc, redact(url)) from exc
+
+
+class Outage:
+    """The process's one retry layer for Redis, shared by every loop that talks to it.
+
+    `await outage.call(lambda: r.xadd(...), "submitting tasks")` runs the call; a transient
+    error is retried with jittered exponential backoff until Redis answers again or the
+    outage (counted from its first failure, whichever caller saw it) has lasted
+    `give_up_s`, when RedisUnavailable is raised. Any other error is mapped and raised at once.
+    Warnings are rate-limited to one a second, with the count of the ones held back.
+    """
+
+    def __init__(self, url: Optional[str], base_s: float, cap_s: float, give_up_s: float,
+                 *, warn_every_s: float = 1.0):
+        self.url = redact(url)
+        self.base_s, self.cap_s, self.give_up_s, self.warn_every_s = base_s, cap_s, give_up_s, warn_every_s
+        self.failures = 0
+        self.since: Optional[float] = None
+        self._last_warning = float("-inf")
+        self._held_back = 0
+
+    @classmethod
+    def for_settings(cls, settings: Any) -> "Outage":
+        return cls(settings.redis_url, settings.connect_backoff_s, settings.connect_backoff_max_s,
+                   settings.redis_down_max_s)
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def ok(self) -> None:
+        if self.since is not None:
+            log.info("Redis at %s answers again after %.1fs", self.url, time.monotonic() - self.since)
+        self.failures, self.since, self._held_back = 0, None, 0
+
+    def left_s(self) -> float:
+        return self.give_up_s if self.since is None else self.give_up_s - (time.monotonic() - self.since)
+
+    async def call(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
+        while True:
+            try:
+                if self.since is None:
+                    result = await fn()
+                else:  # during an outage no single attempt may outlive the bound
+                    result = await asyncio.wait_for(fn(), timeout=max(0.05, self.left_s()))
+            except asyncio.TimeoutError as exc:
+                await self.wait(exc, what)
+                continue
+            except TransportError:
+                raise
+            except (rx.RedisError, OSError) as exc:
+                if not is_transient(exc):
+                    raise mapped(exc, self.url) from exc
+                await self.wait(exc, what)
+                continue
+            if self.since is not None:
+                self.ok()
+            return result
+
+    async def once(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
+        """One attempt, errors mapped: for shutdown steps, which must not wait out an outage."""
+        try:
+            return await fn()
+        except TransportError:
+            raise
+        except (rx.RedisError, OSError) as exc:
+            raise mapped(exc, self.url) from exc
+
+    async def wait(self, exc: BaseException, what: str) -> None:
+        """Sleep before the next attempt, or raise RedisUnavailable once the outage has lasted too long."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        elapsed = now - self.since
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if elapsed >= self.give_up_s:
+            raise RedisUnavailable(f"Redis at {self.url} unreachable for {elapsed:.0f}s "
+                                   f"(redis_down_max_s={self.give_up_s:g}) while {what}: {reason}") from exc
+        delay = min(backoff_delay(self.base_s, self.cap_s, self.failures), self.give_up_s - elapsed)
+        self.failures += 1
+        if now - self._last_warning >= self.warn_every_s:
+            more = f" (+{self._held_back} more failures)" if self._held_back else ""
+            log.warning("Redis at %s: %s failed (%s)%s; retrying for up to %.0fs more",
+                        self.url, what, reason, more, self.give_up_s - elapsed)
+            self._last_warning, self._held_back = now, 0
+        else:
+            self._held_back += 1
+        await asyncio.sleep(delay)
