@@ -148,9 +148,10 @@ class AgentStream:
                 args += [k, v]
         return ("settle", keys, args)
 
-    def reply_op(self, entry_id: str, rollout: schema.Rollout, reply_to: str) -> tuple:
+    def reply_op(self, entry_id: str, rollout: schema.Rollout, reply_to: str, fields: Optional[dict] = None) -> tuple:
+        """SETTLE with the rollout; `fields` is its entry when the caller has encoded it already."""
         stat = "done" if rollout.ok else "failed"
-        return self.settle_op(entry_id, stat, [(reply_to, schema.entry(rollout))], reply_to=reply_to)
+        return self.settle_op(entry_id, stat, [(reply_to, fields or schema.entry(rollout))], reply_to=reply_to)
 
     def retry_op(self, entry_id: str, task: schema.Task, due: float) -> tuple:
         return ("retry", [self.stream, self.keys.delayed(self.agent), self.stats],

@@ -310,20 +310,22 @@ class Worker:
         except Exception as exc:
             return self._retry_or_give_up(entry_id, fields, task, attempt, ErrorKind.agent_error,
                                           f"{type(exc).__name__}: {exc}", picked)
-        rollout = self._fit(self._stamp(rollout, task, attempt, picked), task)
+        rollout, fields = self._fit(self._stamp(rollout, task, attempt, picked), task)
         self.counters["done" if rollout.ok else "failed"] += 1
-        return st.reply_op(entry_id, rollout, task.reply_to)
+        return st.reply_op(entry_id, rollout, task.reply_to, fields)
 
-    def _fit(self, rollout: Rollout, task: Task) -> Rollout:
-        """A rollout too big for any consumer to accept becomes a failure that says so."""
-        size = len(schema.encode(rollout))
+    def _fit(self, rollout: Rollout, task: Task) -> tuple[Rollout, dict]:
+        """The rollout and its entry; one too big for any consumer to accept becomes a failure that says so."""
+        fields = schema.entry(rollout)
+        size = len(fields[b"d"])
         if size <= self.settings.max_entry_bytes:
-            return rollout
+            return rollout, fields
         reason = f"rollout is {size:,} bytes, over max_entry_bytes={self.settings.max_entry_bytes:,}"
         log.error("rollout too large", extra={"task_id": task.task_id, "reason": reason})
-        return msgspec.structs.replace(Rollout.failure(task, ErrorKind.too_large, reason), worker_id=rollout.worker_id,
-                                       attempt=rollout.attempt, timings=rollout.timings,
-                                       finished_at=rollout.finished_at)
+        failed = msgspec.structs.replace(Rollout.failure(task, ErrorKind.too_large, reason), worker_id=rollout.worker_id,
+                                         attempt=rollout.attempt, timings=rollout.timings,
+                                         finished_at=rollout.finished_at)
+        return failed, schema.entry(failed)
 
     def _bad_reply_op(self, entry_id: str, fields: dict, deliveries: int, code: int) -> tuple:
         """SETTLE refused the reply stream: dead-letter the task with the reason instead (nothing lost)."""
