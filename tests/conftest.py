@@ -12,6 +12,7 @@ graceful end), and `ScriptedPolicy` + `hermes` (a stand-in model that calls tool
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -185,6 +186,21 @@ class ScriptedPolicy:
 def hermes(name: str, arguments: dict | None = None) -> str:
     """A tool call as SmolLM2's (Hermes-style) chat template has the model write it."""
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments or {}})}</tool_call>"
+
+
+@contextlib.asynccontextmanager
+async def in_process_worker(settings: Settings, concurrency: int = 8, agent: str = "noop"):
+    """The asyncio Worker with the noop agent, in this test's event loop; stopped (drained) on exit."""
+    from workers.noop import NoopAgent
+    from workers.runtime import Worker
+
+    w = Worker(settings, agent, NoopAgent(), concurrency=concurrency)
+    task = asyncio.create_task(w.run())
+    try:
+        yield w
+    finally:
+        w.request_stop()
+        await asyncio.wait_for(task, 30)
 
 
 def wait_for(pred, timeout: float = 20.0, every: float = 0.05, what: str = "condition"):

@@ -7,7 +7,6 @@ real Redis (the shared one, or an embedded redis-server of its own where the tes
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
 import sys
@@ -24,10 +23,9 @@ from farm.errors import ConfigError, RedisAuthError
 from farm.keys import GROUP
 from farm.schema import Status
 from farm.streams import AgentStream
-from workers.noop import NoopAgent
-from workers.runtime import Worker
 
 from conftest import ROOT, async_wait_for, make_settings, spawn_worker, stop, wait_for, worker_env
+from conftest import in_process_worker as running
 
 # A msgpack body nested 100,000 arrays deep: deeper than any decoder's recursion limit.
 NESTED = b"\x91" * 100_000 + b"\xc0"
@@ -42,17 +40,6 @@ def nested_task_body(task: schema.Task) -> bytes:
     body = msgspec.msgpack.encode(plain)
     inner = msgspec.msgpack.encode("@@")
     return body.replace(inner, NESTED)
-
-
-@contextlib.asynccontextmanager
-async def running(settings, concurrency=8, agent="noop"):
-    w = Worker(settings, agent, NoopAgent(), concurrency=concurrency)
-    task = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        w.request_stop()
-        await asyncio.wait_for(task, 30)
 
 
 def rows(n, **noop):

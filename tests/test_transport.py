@@ -5,35 +5,23 @@ XREADGROUP with COUNT, XAUTOCLAIM, Lua settle scripts and consumer-group pending
 """
 
 import asyncio
-import contextlib
 import time
 
 import msgspec
 import pytest
-import redis.asyncio as aioredis
 
 from farm import schema
 from farm.client import FarmClient
 from farm.connection import connect
 from farm.keys import GROUP
-from farm.schema import ErrorKind, Status
-from farm.streams import AgentStream, load_scripts
+from farm.schema import Status
+from farm.streams import AgentStream
 from farm.transport import Outage
 from workers.noop import NoopAgent
 from workers.runtime import Worker
 
 from conftest import async_wait_for, make_settings
-
-
-@contextlib.asynccontextmanager
-async def worker(settings, concurrency=8, agent="noop"):
-    w = Worker(settings, agent, NoopAgent(), concurrency=concurrency)
-    task = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        w.request_stop()
-        await asyncio.wait_for(task, 30)
+from conftest import in_process_worker as worker
 
 
 def rows(n, **noop):
