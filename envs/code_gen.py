@@ -7,17 +7,21 @@ tests and its reference always agree. Rows carry NeMo Gym code_gen's
 `verifier_metadata.unit_tests` in LiveCodeBench's call-based shape ({inputs, outputs,
 fn_name}; stdin/stdout rows without fn_name, as NeMo Gym exports them, verify too).
 
-Verifier: the last ```python block of the answer runs in envs/sandbox.py (its own uid, no
-network, read-only filesystem but a temp dir, CPU/memory/process/file limits, wall clock),
-as an rq job on the `{namespace}-sandbox` queue with rq's JSON serializer. The reward is the
-fraction of tests passed (reward="fraction") or 1 only when all pass (reward="all"); a
-program that times out, runs out of memory, is killed or does not load scores 0 with that
-reason in the metrics. The sandbox machinery failing raises, so the rollout is a `verifier`
-failure and not a silent 0.
+Verifier: the last ```python block of the answer runs in envs.sandbox (its own uid and
+namespaces, no network, a read-only host, CPU/memory/process/file/output limits, a wall
+clock), as an rq job with rq's JSON serializer. The program sees only the test inputs and
+returns its outputs; they are compared with the expected outputs here, outside the sandbox.
+The reward is NeMo Gym's: 1 only when every test passes (reward="all", the default), or the
+fraction passed (reward="fraction"). A program that hits a limit or does not load scores 0,
+with the reason (`timeout`, `memory`, `output_limit`, `killed`, `error`) in the rollout's
+metrics as `failure_kind`. The sandbox machinery failing is a `sandbox_error` failure of the
+rollout, never a 0.
 
-The sandbox's rq worker: started by this environment on first use (start_sandbox_worker,
-so `farm worker --agent code_gen` works alone on a laptop), or run separately with
-`python -m envs.sandbox worker --url redis://...` for a dedicated sandbox host.
+The sandbox's queue and workers: by default this environment starts, on first use, a
+password-protected redis-server of its own for the queue and `sandbox_workers` rq workers
+(so `farm worker --agent code_gen` works alone on a laptop, and the farm's task Redis never
+carries sandbox jobs). `sandbox_redis_url` (with `queue`) points it at a dedicated sandbox
+Redis served by `FARM_SANDBOX_REDIS_URL=... python -m envs.sandbox worker` on other hosts.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
 from envs.base import AgentSettings, Environment, Transcript, Verdict
-from envs.sandbox import Limits, SandboxClient
+from envs.sandbox import Limits, SandboxClient, SandboxError
+from farm.errors import RolloutFailure
+from farm.schema import ErrorKind
 
 SYSTEM = "You are an expert Python programmer. Answer with code only."
 INSTRUCTIONS = ("Write the complete function (and any imports it needs) in a single ```python code block. "
@@ -198,16 +204,17 @@ def extract_code(text: str) -> Optional[str]:
 class CodeGen(Environment):
     name = "code_gen"
 
-    def __init__(self, reward: Literal["fraction", "all"] = "fraction", start_sandbox_worker: bool = True,
+    def __init__(self, reward: Literal["fraction", "all"] = "all", start_sandbox_worker: bool = True,
                  sandbox_workers: int = 2, redis_url: Optional[str] = None, queue: Optional[str] = None,
                  wall_s: float = 10.0, cpu_s: int = 5, memory_mb: int = 512, allow_network: bool = False,
-                 sandbox_wait_s: float = WAIT_MARGIN_S):
+                 sandbox_wait_s: float = WAIT_MARGIN_S, sandbox_redis_url: Optional[str] = None):
         if reward not in ("fraction", "all"):
             raise ValueError(f"reward must be 'fraction' or 'all', got {reward!r}")
         self.reward = reward
         self.limits = Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=memory_mb, allow_network=allow_network)
         self.workers = sandbox_workers if start_sandbox_worker else 0
-        self.redis_url, self.queue, self.sandbox_wait_s = redis_url, queue, sandbox_wait_s
+        # redis_url is the older name of sandbox_redis_url; neither set: a private Redis for the queue.
+        self.redis_url, self.queue, self.sandbox_wait_s = sandbox_redis_url or redis_url, queue, sandbox_wait_s
         self.agent = AgentSettings(loop="single_turn", max_steps=1, sampling={"max_tokens": 512},
                                    verify_timeout_s=wall_s + sandbox_wait_s + 15)
         self._client: Optional[SandboxClient] = None
@@ -215,16 +222,13 @@ class CodeGen(Environment):
     @property
     def client(self) -> SandboxClient:
         if self._client is None:
-            url, queue = self.redis_url, self.queue
-            if url is None or queue is None:
-                from farm.settings import load_settings
-
-                s = load_settings()
-                url = url or s.redis_url or f"redis://127.0.0.1:{s.embedded_port}/0"
-                queue = queue or f"{s.namespace}-sandbox"
-            self._client = SandboxClient(url, queue, start_workers=self.workers,
-                                         wait_margin_s=self.sandbox_wait_s)
-            atexit.register(self._client.close)
+            if self.redis_url is None:
+                self._client = SandboxClient.private_queue(start_workers=self.workers or 1,
+                                                           wait_margin_s=self.sandbox_wait_s)
+            else:
+                self._client = SandboxClient(self.redis_url, self.queue or "farm-sandbox", start_workers=self.workers,
+                                             wait_margin_s=self.sandbox_wait_s)
+            atexit.register(self.close)
         return self._client
 
     async def verify(self, row: dict, state: Any, transcript: Transcript) -> Verdict:
@@ -235,13 +239,18 @@ class CodeGen(Environment):
         if code is None:
             return Verdict(reward=0.0, components={"has_code": 0.0, "pass_fraction": 0.0, "all_passed": 0.0},
                            metrics={"reason": "no_code", "passed": 0, "total": len(tests.get("inputs") or [])})
-        result = await self.client.run(code, tests, self.limits)
+        try:
+            result = await self.client.run(code, tests, self.limits)
+        except SandboxError as exc:
+            raise RolloutFailure(ErrorKind.sandbox_error, f"code sandbox: {exc}") from None
         fraction = result.fraction if result.reason == "ok" else 0.0
         all_passed = float(result.reason == "ok" and result.passed == result.total)
+        failure = {} if result.reason == "ok" else {"failure_kind": result.reason}
         return Verdict(reward=fraction if self.reward == "fraction" else all_passed,
                        components={"has_code": 1.0, "pass_fraction": fraction, "all_passed": all_passed},
                        metrics={"reason": result.reason, "passed": result.passed, "total": result.total,
-                                "sandbox_s": result.duration_s, **({"detail": result.detail} if result.detail else {})})
+                                "sandbox_s": result.duration_s, **failure,
+                                **({"detail": result.detail} if result.detail else {})})
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         return generate(size, seed)

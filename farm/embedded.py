@@ -55,12 +55,13 @@ class EmbeddedRedis:
     """A redis-server child process with AOF persistence under `data_dir`."""
 
     def __init__(self, data_dir: str | Path, *, port: int = 0, host: str = "127.0.0.1",
-                 password: Optional[str] = None, appendfsync: str = "everysec"):
+                 password: Optional[str] = None, appendfsync: str = "everysec", persist: bool = True):
         self.data_dir = Path(data_dir).expanduser()
         self.host = host
         self.port = port or free_port(host)
         self.password = password
         self.appendfsync = appendfsync
+        self.persist = persist
         self.proc: Optional[subprocess.Popen] = None
 
     @property
@@ -68,19 +69,34 @@ class EmbeddedRedis:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/0"
 
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "redis.conf"
+
     def command(self) -> list[str]:
-        args = [redis_server_binary(), "--port", str(self.port), "--bind", self.host,
-                "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
-                "--appendfilename", "farm.aof", "--save", "", "--daemonize", "no",
-                "--logfile", str(self.data_dir / "redis.log"), "--protected-mode", "yes"]
+        """The command line: only the config file's path. The password is in that file (0600), never in argv,
+        where every process on the machine could read it."""
+        return [redis_server_binary(), str(self.config_path)]
+
+    def config(self) -> str:
+        lines = [f"port {self.port}", f"bind {self.host}", f"dir {self.data_dir}",
+                 "appendonly " + ("yes" if self.persist else "no"), f"appendfsync {self.appendfsync}",
+                 "appendfilename farm.aof", 'save ""', "daemonize no",
+                 f"logfile {self.data_dir / 'redis.log'}", "protected-mode yes"]
         if self.password:
-            args += ["--requirepass", self.password]
-        return args
+            lines.append(f"requirepass {self.password}")
+        return "\n".join(lines) + "\n"
 
     def start(self, timeout_s: float = 15.0) -> "EmbeddedRedis":
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Data, AOF and log files are the farm's alone: the directory 0700, every file 0600.
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.data_dir, 0o700)
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.config())
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+                                     stderr=subprocess.PIPE, start_new_session=True,
+                                     preexec_fn=lambda: os.umask(0o077))
         client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=1)
         deadline = time.monotonic() + timeout_s
         try:

@@ -53,6 +53,7 @@ class ErrorKind(str, Enum):
     invariant = "invariant"              # token trace invariants broken
     bad_reply_to = "bad_reply_to"        # reply_to is not a result stream of the farm's namespace
     too_large = "too_large"              # the rollout is bigger than max_entry_bytes
+    sandbox_error = "sandbox_error"      # the code sandbox's machinery failed (never the program's 0)
 
 
 def pack_i32(values: Iterable[int]) -> bytes:

@@ -12,7 +12,6 @@ import yaml
 
 from envs.base import Transcript
 from envs.code_gen import FAMILIES, CodeGen, extract_code, generate, make_row, reference_solution
-from envs.sandbox import SandboxError
 from farm.schema import Sampling
 
 from conftest import run_through_worker
@@ -27,7 +26,7 @@ def answer(code: str, prose: str = "Here is my solution.") -> Transcript:
 
 @pytest.fixture
 def env(redis_url, queue):
-    e = CodeGen(redis_url=redis_url, queue=queue, wall_s=3.0, cpu_s=2)
+    e = CodeGen(reward="fraction", redis_url=redis_url, queue=queue, wall_s=3.0, cpu_s=2)
     yield e
     e.close()
 
@@ -54,9 +53,9 @@ def test_extracts_the_last_python_block():
     assert extract_code("```python\nunterminated = 1\n") is None                  # cut off by max_tokens
 
 
-async def test_known_correct_solutions_get_full_reward(env):
+async def test_every_shipped_reference_solution_gets_full_reward(env):
     rng = random.Random(3)
-    rows = [make_row(f, rng) for f in FAMILIES[::3]]
+    rows = [make_row(f, rng) for f in FAMILIES]
     verdicts = await asyncio.gather(*[env.verify(r, None, answer(reference_solution(r))) for r in rows])
     for row, v in zip(rows, verdicts):
         assert v.reward == 1.0, (row["problem"], v)
@@ -108,15 +107,38 @@ async def test_programs_that_time_out_or_do_not_load_score_zero_with_a_reason(en
     verdicts = await asyncio.gather(*[env.verify(row, None, answer(code)) for code in cases.values()])
     for reason, v in zip(cases, verdicts):
         assert v.reward == 0.0 and v.metrics["reason"] == reason, (reason, v)
+        assert v.metrics["failure_kind"] == reason
     v = await env.verify(row, None, Transcript(final_text="I think it is 42.", output=[], tool_calls=[]))
     assert v.reward == 0.0 and v.metrics["reason"] == "no_code" and v.components["has_code"] == 0.0
 
 
-async def test_a_broken_sandbox_raises_instead_of_scoring_zero(redis_url, queue):
+def test_the_default_reward_is_all_or_nothing_as_in_nemo_gym():
+    assert CodeGen().reward == "all"
+
+
+async def test_by_default_the_sandbox_queue_is_a_password_protected_redis_of_its_own():
+    env = CodeGen(wall_s=3.0)
+    row = generate(1, seed=5)[0]
+    try:
+        v = await env.verify(row, None, answer(reference_solution(row)))
+        assert v.reward == 1.0
+        url = env.client.redis_url
+        assert ":6379" not in url and "@127.0.0.1:" in url and len(url.split("@")[0]) > 20
+        import redis
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url("redis://" + url.split("@", 1)[1]).ping()
+    finally:
+        env.close()
+
+
+async def test_a_broken_sandbox_is_a_sandbox_error_failure_not_a_zero(redis_url, queue):
+    from farm.errors import RolloutFailure
+
     env = CodeGen(redis_url=redis_url, queue=queue, start_sandbox_worker=False, wall_s=0.5, sandbox_wait_s=0.5)
     row = generate(1, seed=0)[0]
-    with pytest.raises(SandboxError):
+    with pytest.raises(RolloutFailure) as failure:
         await env.verify(row, None, answer(reference_solution(row)))
+    assert failure.value.kind == "sandbox_error" and "no sandbox result" in failure.value.message
     with pytest.raises(ValueError):
         await env.verify({"responses_create_params": {}}, None, answer("x = 1\n"))
 
@@ -136,7 +158,7 @@ def test_worker_runs_code_gen_against_real_vllm(settings, vllm, model_dir, tmp_p
         assert r.status.value in ("ok", "truncated"), r.error
         assert 0.0 <= r.reward <= 1.0
         assert set(r.reward_components) == {"has_code", "pass_fraction", "all_passed"}
-        assert r.metrics["reason"] in ("ok", "timeout", "memory", "killed", "error", "no_code")
+        assert r.metrics["reason"] in ("ok", "timeout", "memory", "output_limit", "killed", "error", "no_code")
         n = len(r.trace.completion())
         assert n > 0 and len(r.trace.completion_logprobs()) == n
         assert r.worker_id.startswith("code_gen@")
