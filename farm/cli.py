@@ -22,10 +22,14 @@ def _settings(args: argparse.Namespace, **overrides) -> Settings:
 def cmd_redis(args: argparse.Namespace) -> int:
     from farm.embedded import EmbeddedRedis, run_in_foreground
 
+    from farm.settings import read_password
+    from farm.transport import redact
+
     s = _settings(args, data_dir=args.data_dir, embedded_port=args.port)
+    password = read_password(args.password_file)
     server = EmbeddedRedis(s.data_path / "redis", port=s.embedded_port, host=args.bind,
-                           password=args.password, appendfsync=args.appendfsync).start()
-    banner = f"redis listening: {server.url.replace(args.password or chr(0), '***')}  (data: {server.data_dir})"
+                           password=password, appendfsync=args.appendfsync).start()
+    banner = f"redis listening: {redact(server.url)}  (data: {server.data_dir})"
     return run_in_foreground(server, banner, "redis-server", server.data_dir / "redis.log")
 
 
@@ -136,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--port", type=int, default=None, help="port (default: settings.embedded_port, 6390)")
     r.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     r.add_argument("--data-dir", default=None, help="where the AOF lives (default: settings.data_dir)")
-    r.add_argument("--password", default=None, help="require this password")
+    r.add_argument("--password-file", default=None,
+                   help="require the password in this file (default: $FARM_REDIS_PASSWORD; never on the command line)")
     r.add_argument("--appendfsync", default="everysec", choices=["always", "everysec", "no"])
     r.set_defaults(fn=cmd_redis)
 

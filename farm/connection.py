@@ -3,10 +3,13 @@
 redis-py's own Retry is switched off (zero retries): retrying is farm.transport.Outage's job
 alone, with a time bound, so two retry layers never multiply into minutes of attempts.
 `redis://`, `rediss://` (TLS; `?ssl_cert_reqs=none` and friends are honoured by redis-py) and
-passwords / ACL users in the URL (`redis://user:password@host:6379/0`) all work.
+passwords / ACL users in the URL (`redis://user:password@host:6379/0`) all work; a URL without a
+password takes $FARM_REDIS_PASSWORD, so the secret need not sit in the URL at all.
 """
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -14,13 +17,17 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from farm.errors import ConfigError
-from farm.settings import Settings
+from farm.settings import Settings, read_password
 
 
 def _options(settings: Settings) -> dict:
     if not settings.redis_url:
         raise ConfigError("no redis_url: start an embedded Redis first (farm.embedded.ensure_redis)")
+    extra = {}
+    if urlsplit(settings.redis_url).password is None and read_password(None):
+        extra["password"] = read_password(None)   # FARM_REDIS_PASSWORD, for URLs that carry none
     return dict(
+        **extra,
         socket_timeout=settings.socket_timeout_s,
         socket_connect_timeout=min(settings.socket_timeout_s, 10.0),
         health_check_interval=30,

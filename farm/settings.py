@@ -138,6 +138,20 @@ MASKED = "<hidden>"
 NEMO_GYM_ALIASES = {"policy_base_url": "policy_urls", "policy_model_name": "policy_model"}
 
 
+def read_password(path: Optional[str], env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """A Redis password from a file (first line), else $FARM_REDIS_PASSWORD; never from argv."""
+    env = os.environ if env is None else env
+    if path:
+        try:
+            text = Path(path).expanduser().read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the password file {path}: {exc.strerror}") from None
+        if not text or not text[0].strip():
+            raise ConfigError(f"the password file {path} is empty")
+        return text[0].strip()
+    return env.get("FARM_REDIS_PASSWORD") or None
+
+
 def server_root(url: str) -> str:
     """A policy base URL without trailing slashes or `/v1`: the clients append their own paths."""
     url = url.strip().rstrip("/")

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import subprocess
+from pathlib import Path
 import sys
 import time
 
@@ -191,6 +192,42 @@ def test_farm_redis_runs_in_the_foreground_with_aof(tmp_path):
     assert proc.returncode == 0, out
     assert f"127.0.0.1:{port}" in out
     assert any(p.name.startswith("farm.aof") for p in (tmp_path / "redis").iterdir())
+
+
+def test_farm_redis_takes_its_password_from_a_file_and_keeps_secrets_off_argv_and_disk(tmp_path):
+    """The password never reaches a command line (any process can read those), logs or the banner;
+    data, AOF, config and log are the farm's alone (0600 in a 0700 directory)."""
+    from farm.embedded import free_port
+    import redis as redis_lib
+
+    secret = "pw-" + os.urandom(8).hex()
+    pw_file = tmp_path / "pw"
+    pw_file.write_text(secret + "\n")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "redis", "--port", str(port), "--data-dir",
+                             str(tmp_path / "data"), "--password-file", str(pw_file)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        r = redis_lib.Redis(port=port, password=secret)
+        wait_for(lambda: _ping(r), what="farm redis to answer")
+        r.set("k", "v")
+        with pytest.raises(redis_lib.AuthenticationError):
+            redis_lib.Redis(port=port).get("k")
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    pass
+        data = tmp_path / "data" / "redis"
+        assert data.stat().st_mode & 0o777 == 0o700
+        files = [p for p in data.rglob("*") if p.is_file()]
+        assert files and all(p.stat().st_mode & 0o077 == 0 for p in files), [(p, oct(p.stat().st_mode)) for p in files]
+        assert not any(secret in p.read_text(errors="ignore") for p in files if p.name == "redis.log")
+    finally:
+        out = stop(proc)
+    assert proc.returncode == 0, out
+    assert secret not in out and ":***@127.0.0.1" in out
 
 
 def _ping(r):

@@ -280,7 +280,9 @@ class PolicyServer:
         self.served_model_name = served_model_name or self.model_dir.name
         self.max_model_len = max_model_len
         self.extra_args = tuple(extra_args)
-        self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"farm-vllm-{self.port}.log"
+        # No fixed, guessable path under /tmp: a private directory (0700) of its own unless told where.
+        self.log_path = (Path(log_path) if log_path else
+                         Path(tempfile.mkdtemp(prefix="farm-vllm-")) / f"vllm-{self.port}.log")
         self.proc: Optional[subprocess.Popen] = None
 
     @property
@@ -315,10 +317,10 @@ class PolicyServer:
         if not (self.model_dir / "config.json").is_file():
             raise PolicyServerError(f"{self.model_dir} is not a model directory (no config.json)")
         cmd = self.command()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         started = time.monotonic()
         say(f"starting vLLM on {self.url} serving {self.served_model_name} (log in {self.log_path})")
-        with open(self.log_path, "ab") as log:
+        with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=self.environment(), start_new_session=True)
         deadline = started + timeout_s
