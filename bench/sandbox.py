@@ -45,6 +45,7 @@ def reference_module(rev: str):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("reference_sandbox", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["reference_sandbox"] = module   # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module, rev
 
