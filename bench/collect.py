@@ -3,7 +3,7 @@
 The noop agent does no work, so the figures are the producer's own: streaming the input
 twice (check, then feed), the submission window, reading and writing every rollout as a
 whole JSONL line, and the final metrics pass over the output. Each collection runs as
-its own process (`python -m producer.collect`, exactly what `farm collect` runs), so its
+its own process (`python -m farm collect`), so its
 peak RSS is read from the kernel (`os.wait4` rusage of that one child), and its wall time
 includes start-up and the metrics pass.
 
@@ -58,7 +58,7 @@ def run_once(url: str, rows: Path, out_dir: Path, processes: int, args: argparse
             time.sleep(0.1)
         out = out_dir / f"rollouts-{processes}.jsonl"
         t0 = time.perf_counter()
-        collect = subprocess.Popen([sys.executable, "-m", "producer.collect", "--input", str(rows),
+        collect = subprocess.Popen([sys.executable, "-m", "farm", "collect", "--input", str(rows),
                                     "--output", str(out), "--concurrency", str(args.concurrency), "--no-progress"],
                                    env=env, cwd=ROOT)
         _, status, usage = os.wait4(collect.pid, 0)

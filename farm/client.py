@@ -262,5 +262,22 @@ class FarmClient:
         await self.submit(tasks)
         return await self.collect(tasks, timeout_s, on_progress)
 
+    async def live_agents(self) -> set[str]:
+        """Agents with at least one live worker (their heartbeats have not expired)."""
+        import json
+
+        async def read() -> set[str]:
+            keys = [k async for k in self.r.scan_iter(match=self.keys.worker_pattern(), count=500)]
+            beats = await self.r.mget(keys) if keys else []
+            agents = set()
+            for raw in beats:
+                try:
+                    agents.add(json.loads(raw)["agent"])
+                except (TypeError, ValueError, KeyError):
+                    continue
+            return agents
+
+        return await self.outage.call(read, "reading worker heartbeats")
+
     async def aclose(self) -> None:
         await self.r.aclose()

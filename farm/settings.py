@@ -15,6 +15,7 @@ openai kinds) OPENAI_API_KEY, never from a command-line option, and Settings' re
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
@@ -66,6 +67,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     socket_timeout_s: float = 30.0
     redis_down_max_s: float = 120.0        # any process gives up after Redis is gone this long
     max_entry_bytes: int = 32 * 1024 * 1024  # larger task or result entries are dead-lettered, not decoded
+    no_workers_timeout_s: float = 300.0   # `farm collect` gives up on an agent that has had no live worker this long
     # Policy: the OpenAI-compatible servers (vLLM) the agent loops call.
     policy_urls: list[str] = []            # FARM_POLICY_URLS: comma-separated base URLs
     policy_model: str = "smollm2-135m-instruct"   # the served model name
@@ -89,7 +91,12 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                     "retry_backoff_s", "retry_backoff_max_s", "task_timeout_s", "concurrency",
                     "grace_period_s", "heartbeat_ttl_s", "block_ms", "connect_backoff_s",
                     "connect_backoff_max_s", "socket_timeout_s", "redis_down_max_s", "policy_timeout_s",
-                    "policy_retry_budget_s", "restart_max", "restart_window_s", "max_entry_bytes")
+                    "policy_retry_budget_s", "restart_max", "restart_window_s", "max_entry_bytes",
+                    "no_workers_timeout_s")
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -217,6 +224,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(farm, dict):
         raise ConfigError(f"config file {path}: `farm:` must be a mapping")
     farm = dict(farm)
+    farm.pop("up", None)   # what `farm up` starts: read by farm.up, not a setting
     for alias, name in NEMO_GYM_ALIASES.items():
         if alias in farm:
             if name in farm:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 import redis
 
@@ -39,24 +39,68 @@ def collect_status(r: redis.Redis, keys: Keys) -> dict:
     return out
 
 
-def render_status(status: dict) -> None:
+def _n(value: Any) -> str:
+    """A count as text: 0 stays 0 (a blank reads as 'unknown'); None (no group yet) is '-'."""
+    return "-" if value is None else f"{int(value):,}"
+
+
+def render_status(status: dict, *, where: str = "", console=None) -> None:
+    """Two tables that fit 80 columns: per agent, then live workers (ids shortened to fit)."""
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    t = Table(title="agent streams")
-    for col in ("agent", "length", "pending", "lag", "consumers", "delayed", "dead", "done", "failed", "retried"):
-        t.add_column(col, justify="left" if col == "agent" else "right")
+    console = console or Console()
+    if where:
+        console.print(where, highlight=False, soft_wrap=True)
+    t = Table(title="agents", title_justify="left", pad_edge=False, box=None)
+    for col in ("agent", "queued", "pending", "lag", "delayed", "dead", "done", "failed", "retried"):
+        t.add_column(col, justify="left" if col == "agent" else "right", no_wrap=True,
+                     overflow="ellipsis", max_width=20 if col == "agent" else None)
     for agent, row in status["agents"].items():
         c = row["counters"]
-        t.add_row(agent, str(row["length"]), str(row["pending"]), "-" if row["lag"] is None else str(row["lag"]),
-                  str(row["consumers"]), str(row["delayed"]), str(row["dead"]), str(c.get("done", 0)),
-                  str(c.get("failed", 0)), str(c.get("retried", 0)))
+        t.add_row(agent, _n(row["length"]), _n(row["pending"]), _n(row["lag"]), _n(row["delayed"]), _n(row["dead"]),
+                  _n(c.get("done", 0)), _n(c.get("failed", 0)), _n(c.get("retried", 0)))
+    if not status["agents"]:
+        t.add_row("(none yet)", *["0"] * 8)
     console.print(t)
-    w = Table(title=f"workers alive: {len(status['workers'])}")
-    for col in ("worker", "agent", "concurrency", "inflight", "done", "failed", "retried", "dead"):
-        w.add_column(col)
+    w = Table(title=f"workers alive: {len(status['workers'])}", title_justify="left", pad_edge=False, box=None)
+    for col in ("worker", "agent", "conc", "inflight", "done", "failed"):
+        w.add_column(col, justify="left" if col in ("worker", "agent") else "right", no_wrap=True,
+                     overflow="ellipsis", max_width=34 if col == "worker" else (16 if col == "agent" else None))
     for info in sorted(status["workers"], key=lambda x: x.get("worker_id", "")):
-        w.add_row(*(str(info.get(k, "")) for k in ("worker_id", "agent", "concurrency", "inflight", "done",
-                                                    "failed", "retried", "dead")))
+        w.add_row(str(info.get("worker_id", "?")), str(info.get("agent", "?")),
+                  *(_n(info.get(k, 0)) for k in ("concurrency", "inflight", "done", "failed")))
     console.print(w)
+
+
+def run_status(settings, *, as_json: bool = False, watch_s: Optional[float] = None) -> int:
+    """`farm status`: once, or every watch_s seconds until Ctrl-C. Names the Redis and namespace it reads."""
+    import time
+
+    from rich.console import Console
+
+    from farm.connection import connect_sync
+    from farm.transport import errors, redact
+
+    where = f"Redis {redact(settings.redis_url)}, namespace {settings.namespace!r}"
+    r = connect_sync(settings)
+    console = Console(width=min(80, Console().width))
+    try:
+        while True:
+            with errors(settings.redis_url):
+                status = collect_status(r, settings.keys)
+            if as_json:
+                print(json.dumps({"redis": redact(settings.redis_url), "namespace": settings.namespace, **status},
+                                 indent=None if watch_s else 2, default=str), flush=True)
+            else:
+                if watch_s and console.is_terminal:
+                    console.clear()
+                stamp = time.strftime("%H:%M:%S")
+                render_status(status, where=f"{where} at {stamp}" if watch_s else where, console=console)
+            if not watch_s:
+                return 0
+            time.sleep(watch_s)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        r.close()

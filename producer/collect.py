@@ -24,7 +24,6 @@ not hide the new one, so the deduplication is by (row, repeat), which also holds
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
@@ -40,7 +39,7 @@ from typing import Any, Iterator, Optional
 from farm.client import FarmClient
 from farm.errors import ConfigError, FarmError, TransportError
 from farm.schema import AgentRef, ErrorKind, Rollout, Sampling, Task
-from farm.settings import Settings, load_settings
+from farm.settings import Settings
 from producer import metrics as metrics_mod
 from producer.output import (BadLine, InputError, InputRow, Journal, Paths, done_keys, line_for, read_json,
                              read_records, read_rows, repair_tail, to_parquet, write_json)
@@ -129,6 +128,9 @@ def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
     if p.bad_count and options.strict:
         raise InputError(f"{p.bad_count} malformed line(s) in {options.input} (first: line {p.bad[0].line}); "
                          "nothing was enqueued (--strict)")
+    if p.rows == 0:
+        raise InputError(f"no valid row in {options.input}" + (f" ({p.bad_count} malformed line(s))" if p.bad_count
+                                                                else " (the file is empty)") + "; nothing was enqueued")
     known = known_agents(settings)
     unknown = sorted(set(p.pairs) - known)
     if unknown:
@@ -254,21 +256,47 @@ class Collector:
         feeder = asyncio.create_task(self.feed(), name="feed")
         drainer = asyncio.create_task(self.drain(ok, failures, on_batch), name="drain")
         stopper = asyncio.create_task(self.stop.wait(), name="stop")
+        watchdog = asyncio.create_task(self.watch_workers(), name="watch-workers")
+        tasks = (feeder, drainer, stopper, watchdog)
         try:
             while True:
-                await asyncio.wait([t for t in (feeder, drainer, stopper) if not t.done()],
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([t for t in tasks if not t.done()], return_when=asyncio.FIRST_COMPLETED)
                 if feeder.done():
                     feeder.result()             # a submit that failed for good ends the run
+                if watchdog.done():
+                    watchdog.result()           # an agent without workers for too long ends the run
                 if drainer.done():
                     drainer.result()
                     return
                 if stopper.done():
                     return
         finally:
-            for t in (feeder, drainer, stopper):
+            for t in tasks:
                 t.cancel()
-            await asyncio.gather(feeder, drainer, stopper, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def watch_workers(self, every_s: float = 5.0) -> None:
+        """Say when an agent with work outstanding has no live worker, and give up after no_workers_timeout_s."""
+        s = self.settings
+        since: dict[str, float] = {}
+        while True:
+            waiting = {t.agent_ref.name for t, *_ in self.outstanding.values()}
+            if waiting:
+                live = await self.client.live_agents()
+                now = time.monotonic()
+                for agent in sorted(waiting):
+                    if agent in live:
+                        since.pop(agent, None)
+                        continue
+                    if agent not in since:
+                        since[agent] = now
+                        log.warning("no live worker for agent %r: start one (`farm worker --agent %s`); giving up "
+                                    "in %.0fs (no_workers_timeout_s)", agent, agent, s.no_workers_timeout_s)
+                    elif now - since[agent] > s.no_workers_timeout_s:
+                        raise FarmError(f"no live worker for agent {agent!r} for {s.no_workers_timeout_s:.0f}s "
+                                        f"(no_workers_timeout_s): start `farm worker --agent {agent}`, then run "
+                                        "again with --resume")
+            await asyncio.sleep(every_s)
 
     async def aclose(self, finished: bool) -> None:
         if finished:
@@ -404,87 +432,3 @@ def _done_per_agent(paths: Paths) -> dict[str, int]:
         for rec in read_records(p):
             counts[rec["agent"]] += 1
     return counts
-
-
-# -- command line --------------------------------------------------------------------------
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, type=Path, help="JSONL rows (NeMo Gym format)")
-    p.add_argument("--output", required=True, type=Path, help="rollouts file (.jsonl, or .parquet with --format)")
-    p.add_argument("--agent", default=None, help="override every row's agent_ref.name")
-    p.add_argument("--num-repeats", default="1", help="samples per row: K, or per agent: math=8,default=4")
-    p.add_argument("--limit", type=int, default=None, help="only the first N valid rows")
-    p.add_argument("--concurrency", type=int, default=256, help="most tasks outstanding in Redis at once (256)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per rollout from submission; "
-                   "later ones are recorded as `deadline` failures")
-    p.add_argument("--run-id", default=None, help="run id (default: recorded one with --resume, else new)")
-    p.add_argument("--resume", action="store_true", help="complete only the (row, repeat) pairs not yet written")
-    p.add_argument("--overwrite", action="store_true", help="discard an existing output and start again")
-    p.add_argument("--strict", action="store_true", help="abort on the first malformed line instead of skipping")
-    p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
-    p.add_argument("--embedded", action="store_true",
-                   help="start Redis (if none is configured), the policy (if needed) and one worker pool per agent")
-    p.add_argument("--workers", type=int, default=1, help="worker processes per agent with --embedded (1)")
-    p.add_argument("--worker-concurrency", type=int, default=None, help="rollouts per worker process with --embedded")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--pass-threshold", type=float, default=1.0, help="reward that counts as a pass (1.0)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar and no table (metrics file only)")
-
-
-def options_from_args(args: argparse.Namespace) -> CollectOptions:
-    return CollectOptions(
-        input=args.input, output=args.output, agent=args.agent, num_repeats=parse_repeats(args.num_repeats),
-        limit=args.limit, concurrency=args.concurrency, timeout_s=args.timeout, run_id=args.run_id,
-        strict=args.strict, resume=args.resume, overwrite=args.overwrite, format=args.format,
-        embedded=args.embedded, worker_processes=args.workers, worker_concurrency=args.worker_concurrency,
-        sampling=Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens),
-        pass_threshold=args.pass_threshold, progress=not args.no_progress,
-    )
-
-
-def cmd_collect(args: argparse.Namespace, settings: Settings) -> int:
-    try:
-        options = options_from_args(args)
-        if options.run_id:
-            from farm.keys import check_name
-
-            try:
-                check_name(options.run_id, "run id")
-            except ValueError as exc:
-                raise InputError(str(exc)) from None
-        summary = run_collect(settings, options)
-    except InputError as exc:
-        print(f"farm collect: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    return summary["exit_code"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    from farm.logs import setup_logging
-
-    p = argparse.ArgumentParser(prog="farm collect", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="YAML settings file (default: $FARM_CONFIG)")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        settings = load_settings(args.config)
-    except ConfigError as exc:
-        print(f"farm: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    setup_logging(settings.log_level, settings.log_format)
-    try:
-        return cmd_collect(args, settings)
-    except ConfigError as exc:
-        print(f"farm: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    except FarmError as exc:
-        print(f"farm: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:          # before or after the collection loop, which handles it itself
-        return EXIT_INTERRUPTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -150,21 +150,22 @@ def aggregate_files(*paths: Path, threshold: float = 1.0) -> dict[str, dict[str,
 
 
 def render(metrics: dict[str, dict[str, Any]], title: str = "farm collect") -> None:
+    """The per-agent table, in 80 columns: the essentials here, every figure in the metrics file."""
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=title)
-    for col in ("agent", "rows", "rollouts", "failed", "mean reward", "pass@k", "maj@k",
-                "lat mean", "lat p50", "lat p99", "prompt tok", "compl tok", "tok/s"):
-        t.add_column(col, justify="left" if col == "agent" else "right")
+    console = Console(width=min(80, Console().width))
+    t = Table(title=title, title_justify="left", pad_edge=False, box=None)
+    for col in ("agent", "rows", "rollouts", "failed", "reward", "pass@k", "maj@k", "p50 s", "tok/s"):
+        t.add_column(col, justify="left" if col == "agent" else "right", no_wrap=True, overflow="ellipsis",
+                     max_width=18 if col == "agent" else None)
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     for agent, m in metrics.items():
-        failed = ", ".join(f"{k} {v}" for k, v in sorted(m["failures"].items())) or "0"
-        t.add_row(agent, str(m["rows"]), str(m["count"]), failed, f(m["mean_reward"], ".3f"),
-                  f"{f(m['pass_at_k'], '.3f')} (k={m['k']})", f(m["majority_at_k"], ".3f"),
-                  f(m["latency_mean_s"], ".3f"), f(m["latency_p50_s"], ".3f"), f(m["latency_p99_s"], ".3f"),
-                  f"{m['prompt_tokens']:,}", f"{m['completion_tokens']:,}", f(m["tokens_per_s"], ",.1f"))
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 160))   # a log file: do not squeeze the columns
+        t.add_row(agent, f"{m['rows']:,}", f"{m['count']:,}", f"{sum(m['failures'].values()):,}",
+                  f(m["mean_reward"], ".3f"), f"{f(m['pass_at_k'], '.2f')}@{m['k']}", f(m["majority_at_k"], ".2f"),
+                  f(m["latency_p50_s"], ".2f"), f(m["tokens_per_s"], ",.0f"))
     console.print(t)
+    for agent, m in metrics.items():
+        if m["failures"]:
+            console.print(f"{agent} failures: " + ", ".join(f"{k} {v}" for k, v in sorted(m["failures"].items())),
+                          highlight=False)

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional
 
 import msgspec
 
-from farm.errors import FarmError
+from farm.errors import ConfigError
 from farm.keys import check_name
 from farm.schema import Rollout, Task
 
@@ -31,8 +31,8 @@ _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
 
 
-class InputError(FarmError):
-    """The input cannot be collected as asked (bad lines under --strict, unknown agents)."""
+class InputError(ConfigError):
+    """The input cannot be collected as asked (bad lines under --strict, unknown agents, no valid row)."""
 
 
 @dataclass(frozen=True)

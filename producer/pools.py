@@ -10,14 +10,9 @@ announced itself, and the pools are stopped with SIGTERM (drain, then exit) at t
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Iterator
 
-from farm.errors import FarmError
 from farm.settings import Settings
 
 if TYPE_CHECKING:
@@ -29,6 +24,7 @@ def embedded_workers(settings: Settings, options: "CollectOptions", agents: list
     """Redis (configured or embedded), the policy when an agent needs one, and one worker pool per agent."""
     from farm.embedded import ensure_redis
     from workers.agent import available_agents
+    from workers.up import Pool, start_pools, wait_for_workers
 
     builtin = set(available_agents())
     needs_policy = [a for a in agents if a not in builtin]
@@ -45,46 +41,7 @@ def embedded_workers(settings: Settings, options: "CollectOptions", agents: list
             s = s.replace(policy_urls=[server.url], policy_model=server.served_model_name,
                           policy_tokenizer=str(model))
         logs = s.data_path / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        procs: list[subprocess.Popen] = []
-        stack.callback(_stop_all, procs)
-        for agent in agents:
-            cmd = [sys.executable, "-m", "farm", "worker", "--agent", agent,
-                   "--processes", str(options.worker_processes)]
-            if options.worker_concurrency:
-                cmd += ["--concurrency", str(options.worker_concurrency)]
-            out = open(logs / f"collect-worker-{agent}.log", "ab")
-            stack.callback(out.close)
-            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
-        _wait_for_workers(s, len(agents) * options.worker_processes, procs)
+        pools = [Pool(agent, options.worker_processes, options.worker_concurrency) for agent in agents]
+        procs = start_pools(stack, s, pools, env, logs, prefix="collect-worker")
+        wait_for_workers(s, len(agents) * options.worker_processes, procs, logs)
         yield s
-
-
-def _wait_for_workers(settings: Settings, n: int, procs: list[subprocess.Popen], timeout_s: float = 120.0) -> None:
-    from farm.connection import connect_sync
-
-    r = connect_sync(settings)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(list(r.scan_iter(match=settings.keys.worker_pattern()))) < n:
-            for p in procs:
-                if p.poll() is not None:
-                    raise FarmError(f"worker {' '.join(p.args[3:])} exited with {p.returncode} before it was ready "
-                                    f"(log: {settings.data_path / 'logs'})")
-            if time.monotonic() > deadline:
-                raise FarmError(f"{n} workers not up after {timeout_s:.0f}s")
-            time.sleep(0.1)
-    finally:
-        r.close()
-
-
-def _stop_all(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()

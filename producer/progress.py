@@ -17,37 +17,72 @@ class Live:
     rewarded: int = 0
 
 
+def _line(name: str, v: Live, done: int, total: int, elapsed: float) -> str:
+    reward = f"{v.reward_sum / v.rewarded:.3f}" if v.rewarded else "-"
+    return (f"{name[:18]:<18} {done:>7,}/{total:<7,} {v.done / elapsed:>6,.0f}/s  failed {v.failed:>5,}  "
+            f"reward {reward}")
+
+
 @contextmanager
-def live_progress(enabled: bool, totals: dict[str, int], already: dict[str, int]):
-    """A live rich bar per agent (and one for all): completed/total, rate, ETA, failures, reward."""
+def live_progress(enabled: bool, totals: dict[str, int], already: dict[str, int], *, every_s: float = 5.0,
+                  stream=None):
+    """Per agent (and all): completed/total, rate, ETA, failures, mean reward.
+
+    On a terminal, a live bar that fits 80 columns; elsewhere (CI logs, `| tee`), one plain line
+    per agent every `every_s` seconds and at the end, so a log shows progress as it happens."""
     if not enabled:
         yield lambda live: None
         return
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    import sys
 
-    bar = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rate]:>9}"), TimeElapsedColumn(), TextColumn("ETA"),
-                   TimeRemainingColumn(), TextColumn("failed {task.fields[failed]:>5}  reward {task.fields[reward]}"),
-                   console=Console(stderr=True), refresh_per_second=5)
+    from rich.console import Console
+
+    stream = stream or sys.stderr
+    console = Console(file=stream, width=min(80, Console(file=stream).width))
     start = time.monotonic()
-    ids = {agent: bar.add_task(agent, total=totals[agent], completed=already.get(agent, 0), rate="",
-                               failed=0, reward="-") for agent in sorted(totals)}
-    if len(totals) > 1:
-        ids["*"] = bar.add_task("all", total=sum(totals.values()), completed=sum(already.values()),
-                                rate="", failed=0, reward="-")
+    agents = sorted(totals)
+
+    def rows(live: dict[str, Live]) -> list[tuple[str, Live, int, int]]:
+        out = [(a, live[a], live[a].done + already.get(a, 0), totals[a]) for a in agents]
+        if len(agents) > 1:
+            v = Live(sum(x.done for x in live.values()), sum(x.failed for x in live.values()),
+                     sum(x.reward_sum for x in live.values()), sum(x.rewarded for x in live.values()))
+            out.append(("all", v, v.done + sum(already.values()), sum(totals.values())))
+        return out
+
+    if not console.is_terminal:
+        last = [0.0]
+        latest: dict[str, Live] = {}
+
+        def update(live: dict[str, Live]) -> None:
+            latest.update(live)
+            now = time.monotonic()
+            if now - last[0] >= every_s:
+                last[0] = now
+                for name, v, done, total in rows({a: latest.get(a, Live()) for a in agents}):
+                    print("progress " + _line(name, v, done, total, max(1e-9, now - start)), file=stream, flush=True)
+
+        try:
+            yield update
+        finally:
+            last[0] = 0.0
+            update(latest)
+        return
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("{task.description:<12.12}"), BarColumn(bar_width=12), MofNCompleteColumn(),
+                   TextColumn("{task.fields[rate]:>7}"), TimeRemainingColumn(compact=True),
+                   TextColumn("fail {task.fields[failed]:>4} r {task.fields[reward]}"),
+                   console=console, refresh_per_second=5)
+    ids = {name: bar.add_task(name, total=total, completed=done, rate="", failed=0, reward="-")
+           for name, _v, done, total in rows({a: Live() for a in agents})}
 
     def update(live: dict[str, Live]) -> None:
         elapsed = max(1e-9, time.monotonic() - start)
-        rows = {a: live[a] for a in totals}
-        if "*" in ids:
-            rows["*"] = Live(sum(v.done for v in live.values()), sum(v.failed for v in live.values()),
-                             sum(v.reward_sum for v in live.values()), sum(v.rewarded for v in live.values()))
-        for agent, v in rows.items():
-            done = v.done + (sum(already.values()) if agent == "*" else already.get(agent, 0))
-            bar.update(ids[agent], completed=done, rate=f"{v.done / elapsed:,.0f}/s", failed=v.failed,
-                       reward=f"{v.reward_sum / v.rewarded:.3f}" if v.rewarded else "-")
+        for name, v, done, _total in rows({a: live.get(a, Live()) for a in agents}):
+            bar.update(ids[name], completed=done, rate=f"{v.done / elapsed:,.0f}/s", failed=v.failed,
+                       reward=f"{v.reward_sum / v.rewarded:.2f}" if v.rewarded else "-")
 
     with bar:
         yield update

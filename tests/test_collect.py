@@ -147,7 +147,7 @@ def test_malformed_lines_reported_with_line_numbers(tmp_path, settings, sync_red
     inp = write_rows(tmp_path / "rows.jsonl", rows, {2: "{not json", 5: '["a list"]',
                                                      7: '{"agent_ref": {"name": "noop"}}'})
     env = worker_env(settings)
-    strict = subprocess.run([sys.executable, "-m", "producer.collect", "--input", str(inp), "--output",
+    strict = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output",
                              str(tmp_path / "strict.jsonl"), "--strict", "--no-progress"],
                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert strict.returncode == 2
@@ -157,7 +157,7 @@ def test_malformed_lines_reported_with_line_numbers(tmp_path, settings, sync_red
     assert sync_redis.xlen(settings.keys.tasks("noop")) == 0
 
     worker("--agent", "noop")
-    lenient = subprocess.run([sys.executable, "-m", "producer.collect", "--input", str(inp), "--output",
+    lenient = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output",
                               str(tmp_path / "out.jsonl"), "--no-progress"],
                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert lenient.returncode == 0, lenient.stderr
@@ -215,7 +215,7 @@ def test_sigkill_halfway_then_resume_writes_every_pair_exactly_once(tmp_path, se
     inp = write_rows(tmp_path / "rows.jsonl", rows)
     out = tmp_path / "out.jsonl"
     worker("--agent", "noop", "--concurrency", "16")
-    proc = subprocess.Popen([sys.executable, "-m", "producer.collect", "--input", str(inp), "--output", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output", str(out),
                              "--num-repeats", "2", "--concurrency", "16", "--no-progress"],
                             env=worker_env(settings), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -286,12 +286,12 @@ def test_repair_tail(tmp_path):
 def test_embedded_starts_its_own_workers(tmp_path, settings, sync_redis):
     inp = write_rows(tmp_path / "rows.jsonl", [noop_row(i, reward=1.0) for i in range(30)])
     env = worker_env(settings, FARM_DATA_DIR=str(tmp_path / "data"))
-    proc = subprocess.run([sys.executable, "-m", "producer.collect", "--input", str(inp), "--output",
+    proc = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output",
                            str(tmp_path / "out.jsonl"), "--embedded", "--num-repeats", "2"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert len(pairs(tmp_path / "out.jsonl")) == 60
-    assert "mean reward" in proc.stdout and "noop" in proc.stdout   # the metrics table
+    assert "reward" in proc.stdout and "pass@k" in proc.stdout and "noop" in proc.stdout   # the metrics table
     assert (tmp_path / "data" / "logs" / "collect-worker-noop.log").exists()
     wait_for(lambda: not list(sync_redis.scan_iter(match=settings.keys.worker_pattern())), timeout=10,
              what="the embedded workers to stop")
@@ -301,7 +301,7 @@ def test_ctrl_c_stops_cleanly_and_resume_completes(tmp_path, settings, worker):
     worker("--agent", "noop", "--concurrency", "8")
     inp = write_rows(tmp_path / "rows.jsonl", [noop_row(i, sleep_s=0.05) for i in range(200)])
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "producer.collect", "--input", str(inp), "--output", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output", str(out),
                              "--concurrency", "8"],
                             env=worker_env(settings), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -361,7 +361,7 @@ def test_embedded_collects_two_environments_against_real_vllm(tmp_path, settings
     inp = write_rows(tmp_path / "rows.jsonl", rows)
     env = worker_env(settings, FARM_DATA_DIR=str(tmp_path / "data"), FARM_POLICY_URLS=vllm.url,
                      FARM_POLICY_MODEL=vllm.served_model_name, FARM_POLICY_TOKENIZER=str(model_dir))
-    proc = subprocess.run([sys.executable, "-m", "producer.collect", "--input", str(inp), "--output",
+    proc = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output",
                            str(tmp_path / "out.jsonl"), "--embedded", "--num-repeats", "mcqa=3,default=2",
                            "--max-tokens", "48", "--worker-concurrency", "8"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=280)

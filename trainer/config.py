@@ -1,6 +1,7 @@
 """The training configuration: the reference TRL + NeMo Gym keys, plus the farm's own.
 
-One YAML file drives a run. Its top level holds the keys of TRL's NeMo Gym example
+One YAML file drives a run. Any top-level key that is not one of the farm's below is passed to
+TRL's GRPOConfig as it is, and TRL checks it. Its top level holds the keys of TRL's NeMo Gym example
 (`model_name`, `dataset_path`, `learning_rate`, `num_generations`, ...), so a config written
 for that script loads unchanged; the farm's part (Redis URL, namespace, policy URLs) lives
 under `farm:` and is read by farm.settings, the same way every other farm process reads it.
@@ -61,6 +62,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weight_sync_steps: int = 1                  # sync (and bump the policy version) every K optimizer steps
     weights_dir: Optional[str] = None           # where synced weights are saved (default <output_dir>/policy)
     sync_urls: list[str] = []                   # servers to reload (default: the farm's policy_urls)
+    # Any other top-level key is one of TRL's GRPOConfig arguments, passed to it as it is (TRL checks it).
+    trl: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
@@ -86,9 +89,11 @@ def load_train_config(path: str | Path, overrides: Optional[dict[str, Any]] = No
     data = read_yaml_mapping(path)
     data.pop("farm", None)
     data.update(overrides or {})
+    ours = set(TrainConfig.__struct_fields__) - {"trl"}
+    data["trl"] = {k: data.pop(k) for k in list(data) if k not in ours}
     try:
         return msgspec.convert(data, TrainConfig, strict=False)
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, ValueError) as exc:
         raise ConfigError(f"invalid training config {path}: {exc}") from None
 
 
@@ -113,5 +118,10 @@ def grpo_args(cfg: TrainConfig, **extra: Any):
         kwargs["vllm_mode"] = "server"
         if cfg.vllm_server_base_url:
             kwargs["vllm_server_base_url"] = cfg.vllm_server_base_url
+    kwargs.update(cfg.trl)
     kwargs.update(extra)
-    return GRPOConfig(**kwargs)
+    try:
+        return GRPOConfig(**kwargs)
+    except TypeError as exc:   # a key GRPOConfig does not take: name it, as TRL would
+        raise ConfigError(f"training config: {exc} (a top-level key that is neither the farm's nor one of TRL's "
+                          "GRPOConfig arguments)") from None

@@ -13,18 +13,16 @@ weights (the others wait at the next step's barrier inside TRL).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from farm.settings import Settings, load_settings
-from trainer.config import TrainConfig, grpo_args, load_train_config
+from farm.settings import Settings
+from trainer.config import TrainConfig, grpo_args
 from trainer.rollout import FarmRollout, env_reward
 from trainer.weights import NoSync, VllmReload, WeightSync, version_key
 
@@ -165,29 +163,3 @@ def run_train(settings: Settings, cfg: TrainConfig) -> dict:
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / "farm_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="YAML: the TRL keys at the top, the farm's under `farm:`")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from farm.errors import ConfigError
-
-    try:
-        settings = load_settings(args.config)
-        cfg = load_train_config(args.config)
-    except (ConfigError, ValueError) as exc:
-        print(f"farm train: {exc}", file=sys.stderr)
-        return 2
-    try:
-        summary = run_train(settings, cfg)
-    except ConfigError as exc:  # e.g. rollouts without token ids reaching the trainer
-        print(f"farm train: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,13 +17,12 @@ Why it looks like this:
 - Every step is idempotent (stamp files written last, under a file lock) and prints what it is
   doing, because the first run takes minutes and a silent terminal looks hung.
 
-`python -m workers.policy_server prepare` builds the venv and the model directory;
-`python -m workers.policy_server serve` also starts the server and runs until SIGINT/SIGTERM.
+`farm policy prepare` builds the venv and the model directory; `farm policy serve` also starts
+the server and runs until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import json
@@ -425,40 +424,22 @@ def default_cache() -> Path:
     return load_settings().data_path / "models"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.policy_server", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="build the serving virtualenv and the model directory")
-    serve = sub.add_parser("serve", help="serve a model with vLLM until SIGINT/SIGTERM")
-    for p in (prep, serve):
-        p.add_argument("--cache", help="where models are kept (default: <data_dir>/models)")
-        p.add_argument("--venv", help=f"the serving virtualenv (default: {DEFAULT_VENV})")
-    serve.add_argument("--model", help="a HF model directory (default: SmolLM2-135M-Instruct, prepared first)")
-    serve.add_argument("--port", type=int, default=8000, help="0: any free port")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--max-model-len", type=int, default=2048)
-    serve.add_argument("--ready-timeout", type=float, default=300.0)
-    serve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: passed to vLLM as they are")
-    args = parser.parse_args(argv)
-    try:
-        cache = Path(args.cache).expanduser() if args.cache else default_cache()
-        if args.command == "prepare":
-            print(prepare_model(cache, args.venv), flush=True)
-            return 0
-        model = Path(args.model) if args.model else prepare_model(cache, args.venv)
-        extra = [a for a in args.vllm_args if a != "--"]
-        port = args.port or free_port(args.host)
-        server = PolicyServer(model, port=port, host=args.host, venv=args.venv, max_model_len=args.max_model_len,
-                              extra_args=extra, log_path=cache / "logs" / f"vllm-{port}.log")
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM interrupts start-up like Ctrl-C
-        server.start(args.ready_timeout)
-    except PolicyServerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+def run_prepare(cache: Optional[str] = None, venv: Optional[str] = None) -> Path:
+    """`farm policy prepare`: the serving virtualenv and the model directory; returns the model's path."""
+    return prepare_model(Path(cache).expanduser() if cache else default_cache(), venv)
+
+
+def run_serve(*, cache: Optional[str] = None, venv: Optional[str] = None, model: Optional[str] = None,
+              port: int = 8000, host: str = "127.0.0.1", max_model_len: int = 2048, ready_timeout_s: float = 300.0,
+              vllm_args: Sequence[str] = ()) -> int:
+    """`farm policy serve`: vLLM in the foreground until SIGINT/SIGTERM; the exit code."""
+    cache_dir = Path(cache).expanduser() if cache else default_cache()
+    model_dir = Path(model) if model else prepare_model(cache_dir, venv)
+    port = port or free_port(host)
+    server = PolicyServer(model_dir, port=port, host=host, venv=venv, max_model_len=max_model_len,
+                          extra_args=[a for a in vllm_args if a != "--"],
+                          log_path=cache_dir / "logs" / f"vllm-{port}.log")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM interrupts start-up like Ctrl-C
+    server.start(ready_timeout_s)
     return run_in_foreground(server, f"policy server: {server.openai_url}  model: {server.served_model_name}",
                              "vLLM", server.log_path)
-
-if __name__ == "__main__":
-    sys.exit(main())
