@@ -89,4 +89,9 @@ def load_env(name: str, options: Optional[dict] = None) -> Environment:
     envs = available_envs()
     if name not in envs:
         raise UnknownAgent(f"unknown environment {name!r}; available: {', '.join(sorted(envs)) or 'none'}")
-    return envs[name].load()(**(options or {}))
+    try:
+        return envs[name].load()(**(options or {}))
+    except TypeError as exc:   # an option the environment does not take, or of the wrong kind
+        from farm.errors import ConfigError
+
+        raise ConfigError(f"environment {name}: bad option(s) {sorted(options or {})}: {exc}") from None

@@ -149,8 +149,13 @@ def _check_tools(tools: object) -> list[str]:
 
 def read_rows(path: str | Path) -> Iterator[tuple[int, object]]:
     """(line number, decoded value or a RowError) for every non-blank line, streamed."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield n, RowError(n, f"not UTF-8 text ({exc.reason} at byte {exc.start}) in {path}")
+                continue
             if not line.strip():
                 continue
             try:
@@ -179,7 +184,8 @@ def atomic_output(output: str | Path) -> Iterator[IO[str]]:
         sys.stdout.flush()
         return
     target = Path(output)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.parent.is_dir():
+        raise DataError(f"cannot write {output}: the directory {target.parent} does not exist")
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -260,10 +260,12 @@ def demo(g: Globals, noop, tasks, processes, concurrency, timeout) -> int:
 @click.option("--max-tokens", type=COUNT, default=None)
 @click.option("--pass-threshold", type=Finite(), default=1.0, show_default=True, help="reward that counts as a pass.")
 @click.option("--no-progress", is_flag=True, help="no progress and no table (metrics file only).")
+@click.option("--progress-every", type=POSITIVE, default=5.0, show_default=True,
+              help="seconds between progress lines when the output is not a terminal (a log, a pipe).")
 @pass_globals
 def collect(g: Globals, input_, output, agent, num_repeats, limit, concurrency, timeout, run_id, resume, overwrite,
             strict, fmt, embedded, workers, worker_concurrency, temperature, top_p, max_tokens, pass_threshold,
-            no_progress) -> int:
+            no_progress, progress_every) -> int:
     """Collect rollouts for a JSONL file of rows: streaming, resumable, with metrics."""
     from pathlib import Path
 
@@ -282,7 +284,7 @@ def collect(g: Globals, input_, output, agent, num_repeats, limit, concurrency, 
         overwrite=overwrite, format=fmt, embedded=embedded, worker_processes=workers,
         worker_concurrency=worker_concurrency,
         sampling=Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
-        pass_threshold=pass_threshold, progress=not no_progress)
+        pass_threshold=pass_threshold, progress=not no_progress, progress_every_s=progress_every)
     return run_collect(g.settings(), options)["exit_code"]
 
 

@@ -71,6 +71,7 @@ class CollectOptions:
     sampling: Sampling = field(default_factory=Sampling)
     pass_threshold: float = 1.0
     progress: bool = True
+    progress_every_s: float = 5.0               # a plain progress line this often when not on a terminal
     max_bad_lines_shown: int = 20
 
     def repeats_for(self, agent: str) -> int:
@@ -385,7 +386,8 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
             from farm.embedded import ensure_redis
 
             settings = stack.enter_context(ensure_redis(settings))
-        update = stack.enter_context(live_progress(options.progress, totals, already))
+        update = stack.enter_context(live_progress(options.progress, totals, already,
+                                                   every_s=options.progress_every_s))
         ok, failures = Journal(paths.journal), Journal(paths.failures)
         stack.callback(failures.close)
         stack.callback(ok.close)

@@ -92,6 +92,8 @@ def _parse(raw: bytes, number: int, index: int, agent_override: Optional[str]) -
         row = _decode.decode(raw)
     except msgspec.DecodeError as exc:
         return BadLine(number, f"not valid JSON ({exc})")
+    except UnicodeDecodeError as exc:
+        return BadLine(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
     if not isinstance(row, dict):
         return BadLine(number, f"a row must be a JSON object, got {type(row).__name__}")
     params = row.get("responses_create_params")

@@ -1,0 +1,396 @@
+"""The `farm` command tree as a new user meets it: bad input, terminals, pipes, `farm up`.
+
+Every bad invocation must end in one line that names the bad value, a non-zero exit code, no
+traceback, and nothing left behind in Redis. The terminal tests run `farm collect` and
+`farm status --watch` under a real 80-column pseudo-terminal and in a pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import fcntl
+import time
+from pathlib import Path
+
+import pytest
+
+from farm.cli import main
+from conftest import ROOT, spawn_worker, stop, wait_for, worker_env
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+@pytest.fixture
+def files(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"},
+                                        "noop": {}}) + "\n" for i in range(3)))
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"responses_create_params": {"input": "caf\xe9"}}\n')
+    (tmp_path / "invalid.jsonl").write_text("{not json\n[1, 2]\n")
+    (tmp_path / "ghost.jsonl").write_text(json.dumps({"responses_create_params": {"input": "x"},
+                                                      "agent_ref": {"name": "ghost_agent"}}) + "\n")
+    (tmp_path / "bad.yaml").write_text("a: [unclosed\n")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "unknown.yaml").write_text("bogus_key: 1\n")
+    (tmp_path / "noup.yaml").write_text("namespace: x\n")
+    (tmp_path / "badup.yaml").write_text("up:\n  workers:\n    noop: 0\n")
+    (tmp_path / "train_missing.yaml").write_text("dataset_path: rows.jsonl\n")
+    (tmp_path / "train_bad.yaml").write_text("model_name: m\ndataset_path: d\nmax_steps: 0\n")
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "adir").mkdir()
+    return tmp_path
+
+
+def P(name: str) -> str:
+    return f"{{tmp}}/{name}"
+
+
+# (argv with {tmp} for the files' directory, environment, a text the message must hold)
+BAD = [
+    (["--config", "/nonexistent/farm.yaml", "status"], {}, "/nonexistent/farm.yaml"),
+    (["--config", P("adir"), "status"], {}, "adir"),
+    (["--config", P("bad.yaml"), "status"], {}, "not valid YAML"),
+    (["--config", P("list.yaml"), "status"], {}, "mapping"),
+    (["--config", P("unknown.yaml"), "status"], {}, "bogus_key"),
+    (["--log-level", "LOUD", "status"], {}, "LOUD"),
+    (["--redis-url", "http://example.com", "status"], {}, "redis_url"),
+    (["--namespace", "bad ns!", "status"], {}, "bad ns!"),
+    (["--bogus"], {}, "--bogus"),
+    (["nosuchcommand"], {}, "nosuchcommand"),
+    (["status"], {"FARM_MAX_ATTEMPTS": "many"}, "FARM_MAX_ATTEMPTS"),
+    (["status"], {"FARM_TASK_TIMEOUT_S": "nan"}, "task_timeout_s"),
+    (["status"], {"FARM_REDIS_DOWN_MAX_S": "inf"}, "redis_down_max_s"),
+    (["status"], {"FARM_CONCURRENCY": "0"}, "concurrency"),
+    (["redis", "--port", "70000"], {}, "70000"),
+    (["redis", "--port", "abc"], {}, "abc"),
+    (["redis", "--password-file", "/nonexistent/pw"], {}, "/nonexistent/pw"),
+    (["redis", "--appendfsync", "sometimes"], {}, "sometimes"),
+    (["redis", "--data-dir", P("a_file")], {}, "a_file"),
+    (["worker"], {}, "--agent"),
+    (["worker", "--agent", "noop", "--concurrency", "-1"], {}, "-1"),
+    (["worker", "--agent", "noop", "--concurrency", "0"], {}, "0"),
+    (["worker", "--agent", "noop", "--processes", "0"], {}, "0"),
+    (["worker", "--agent", "noop", "--processes", "x"], {}, "'x'"),
+    (["worker", "--agent", "noop", "--concurrency", "1e9"], {}, "1e9"),
+    (["worker", "--agent", "no_such_agent"], {}, "no_such_agent"),
+    (["--redis-url", "redis://127.0.0.1:1/0", "worker", "--agent", "noop"], {"FARM_REDIS_DOWN_MAX_S": "1"},
+     "127.0.0.1:1"),
+    (["--redis-url", "redis://127.0.0.1:1/0", "status"], {}, "127.0.0.1:1"),
+    (["status", "--watch", "-1"], {}, "-1"),
+    (["status", "--watch", "nan"], {}, "nan"),
+    (["policy", "serve", "--port", "70000"], {}, "70000"),
+    (["policy", "serve", "--max-model-len", "0"], {}, "0"),
+    (["policy", "serve", "--ready-timeout", "nan"], {}, "nan"),
+    (["policy", "serve", "--model", "/nonexistent/model"], {}, "/nonexistent/model"),
+    (["policy", "nothing"], {}, "nothing"),
+    (["demo", "--tasks", "0"], {}, "0"),
+    (["demo", "--timeout", "-5"], {}, "-5"),
+    (["demo", "--timeout", "inf"], {}, "inf"),
+    (["demo", "--concurrency", "abc"], {}, "abc"),
+    (["collect", "--input", "/nonexistent/rows.jsonl", "--output", P("o.jsonl")], {}, "/nonexistent/rows.jsonl"),
+    (["collect", "--input", P("adir"), "--output", P("o.jsonl")], {}, "adir"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--limit", "-1"], {}, "-1"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--timeout", "-5"], {}, "-5"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--timeout", "nan"], {}, "nan"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--concurrency", "0"], {}, "0"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--num-repeats", "x"], {}, "'x'"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--num-repeats", "math=0"], {}, "math=0"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--format", "xml"], {}, "xml"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--top-p", "2"], {}, "2"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--temperature", "-1"], {}, "-1"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--run-id", "bad id!"], {}, "bad id!"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--max-tokens", "0"], {}, "0"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--workers", "0"], {}, "0"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--progress-every", "0"], {}, "0"),
+    (["collect", "--input", P("empty.jsonl"), "--output", P("o.jsonl")], {}, "empty"),
+    (["collect", "--input", P("latin1.jsonl"), "--output", P("o.jsonl")], {}, "latin1.jsonl"),
+    (["collect", "--input", P("invalid.jsonl"), "--output", P("o.jsonl")], {}, "no valid row"),
+    (["collect", "--input", P("ghost.jsonl"), "--output", P("o.jsonl")], {}, "ghost_agent"),
+    (["collect", "--input", P("rows.jsonl"), "--output", "/nonexistent/dir/out.jsonl"], {}, "/nonexistent/dir"),
+    (["collect", "--input", P("rows.jsonl"), "--output", P("adir")], {}, "adir"),
+    (["data", "generate", "nosuchenv", "--size", "3", "-o", P("g.jsonl")], {}, "nosuchenv"),
+    (["data", "generate", "mcqa", "--size", "-3", "-o", P("g.jsonl")], {}, "-3"),
+    (["data", "generate", "mcqa", "--size", "nan", "-o", P("g.jsonl")], {}, "nan"),
+    (["data", "generate", "mcqa", "--size", "3"], {}, "--output"),
+    (["data", "generate", "mcqa", "--size", "3", "-o", P("g.jsonl"), "--option", "novalue"], {}, "novalue"),
+    (["data", "generate", "mcqa", "--size", "3", "-o", P("g.jsonl"), "--option", "bogus_opt=1"], {}, "bogus_opt"),
+    (["data", "generate", "mcqa", "--size", "3", "-o", "/nonexistent/dir/g.jsonl"], {}, "/nonexistent/dir"),
+    (["data", "prepare", "/nonexistent/rows.jsonl"], {}, "/nonexistent/rows.jsonl"),
+    (["data", "prepare", P("latin1.jsonl"), "-o", P("p.jsonl")], {}, "latin1.jsonl"),
+    (["data", "blend", "-o", P("b.jsonl")], {}, "INPUTS"),
+    (["data", "blend", "/nonexistent/a.jsonl", "-o", P("b.jsonl")], {}, "/nonexistent/a.jsonl"),
+    (["train"], {}, "--config"),
+    (["train", "--config", "/nonexistent/train.yaml"], {}, "/nonexistent/train.yaml"),
+    (["train", "--config", P("adir")], {}, "adir"),
+    (["train", "--config", P("train_missing.yaml")], {}, "model_name"),
+    (["train", "--config", P("train_bad.yaml")], {}, "max_steps"),
+    (["up"], {}, "config file"),
+    (["--config", P("noup.yaml"), "up"], {}, "up:"),
+    (["--config", P("badup.yaml"), "up"], {}, "processes"),
+    (["completion", "powershell"], {}, "powershell"),
+]
+
+
+def _run(argv: list[str], env: dict[str, str], redis_url: str, namespace: str, tmp: Path) -> tuple[int, str]:
+    full = ["--namespace", namespace] + [a.replace("{tmp}", str(tmp)) for a in argv] \
+        if "--namespace" not in argv else [a.replace("{tmp}", str(tmp)) for a in argv]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    proc = subprocess.run([sys.executable, "-m", "farm", *full], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**base, "FARM_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT), **env})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_table_is_large_and_spans_every_subcommand():
+    commands = {next(a for a in argv if not a.startswith("-") and "{tmp}" not in a and "/" not in a)
+                for argv, _, _ in BAD if any(not a.startswith("-") for a in argv)}
+    assert len(BAD) >= 60
+    assert {"redis", "worker", "status", "policy", "demo", "collect", "data", "train", "up", "completion"} <= commands
+
+
+@pytest.mark.parametrize("argv,env,expected", BAD, ids=[" ".join(a)[:60] for a, _, _ in BAD])
+def test_bad_invocation_ends_in_one_clear_line(argv, env, expected, files, redis_url, namespace, sync_redis):
+    code, out = _run(argv, env, redis_url, namespace, files)
+    assert code != 0, out
+    assert "Traceback" not in out, out
+    assert expected.replace("{tmp}", str(files)) in out, out
+    errors = [line for line in out.splitlines() if line.startswith("farm")]
+    assert len(errors) == 1, out
+    assert not list(sync_redis.scan_iter(match=f"{namespace}:*")), "keys left behind"
+
+
+def test_debug_shows_the_traceback(files, redis_url, namespace):
+    code, out = _run(["--debug", "--config", str(files / "bad.yaml"), "status"], {}, redis_url, namespace, files)
+    assert code == 2 and "Traceback" in out and "not valid YAML" in out
+
+
+def test_version_and_help_with_examples():
+    out = subprocess.run([sys.executable, "-m", "farm", "--version"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and re.search(r"farm, version \d", out.stdout)
+    for cmd in (["collect"], ["worker"], ["status"], ["up"], ["data", "generate"], ["train"], ["policy", "serve"]):
+        out = subprocess.run([sys.executable, "-m", "farm", *cmd, "--help"], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0 and "Example" in out.stdout, cmd
+    out = subprocess.run([sys.executable, "-m", "farm", "completion", "bash"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "_FARM_COMPLETE" in out.stdout
+
+
+def test_status_names_its_redis_and_namespace_and_prints_zeros(settings, redis_url, namespace):
+    from farm.client import FarmClient
+    import asyncio
+
+    async def submit():
+        client = FarmClient(settings)
+        await client.submit([client.task(run_id="z", agent="noop", row={})])
+        await client.aclose()
+
+    asyncio.run(submit())
+    out = subprocess.run([sys.executable, "-m", "farm", "status"], cwd=ROOT, capture_output=True, text=True,
+                         env=worker_env(settings), timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert f"namespace {namespace!r}" in out.stdout and redis_url.split("@")[-1] in out.stdout
+    row = next(line for line in out.stdout.splitlines() if line.startswith("noop"))
+    assert row.split()[1:6] == ["1", "0", "1", "0", "0"], row   # queued, pending, lag, delayed, dead
+
+
+def test_data_generate_honours_environment_options(tmp_path):
+    out = tmp_path / "rg.jsonl"
+    code = main(["data", "generate", "reasoning_gym", "--size", "4", "-o", str(out), "--option", 'task="leg_counting"'])
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["metadata"]["source_dataset"] if "metadata" in r else r.get("task") for r in rows} != {"mini_sudoku"}
+    assert "leg_counting" in out.read_text() and "mini_sudoku" not in out.read_text()
+
+
+def test_train_takes_the_reference_config_and_passes_trl_keys_through(tmp_path, monkeypatch):
+    """The reference keys of TRL's NeMo Gym example load as they are; a GRPOConfig key the farm does not
+    know goes to TRL. run_train is replaced: this checks the parsing, the trainer tests train."""
+    import trainer.train as train_mod
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text('model_name: "Qwen/Qwen2.5-1.5B-Instruct"\ndataset_path: "/path/train_mini_sudoku.jsonl"\n'
+                   'eval_dataset_path: "/path/val.jsonl"\ntask: "mini-sudoku"\noutput_dir: "outputs/x"\n'
+                   "learning_rate: 1.0e-5\nnum_generations: 16\nper_device_train_batch_size: 8\n"
+                   "gradient_accumulation_steps: 1\nmax_completion_length: 10000\n"
+                   "vllm_importance_sampling_correction: true\ntemperature: 1.0\ntop_p: 0.999\nmax_grad_norm: 0.5\n")
+    seen = {}
+    monkeypatch.setattr(train_mod, "run_train", lambda settings, c: seen.update(settings=settings, cfg=c) or {"ok": 1})
+    assert main(["train", "--config", str(cfg)]) == 0
+    assert seen["cfg"].dataset_path == "/path/train_mini_sudoku.jsonl" and seen["cfg"].trl == {"max_grad_norm": 0.5}
+    from trainer.config import grpo_args
+
+    args = grpo_args(seen["cfg"], use_cpu=True, per_device_train_batch_size=16)   # TRL checks the batch shape
+    assert args.max_grad_norm == 0.5
+    from farm.errors import ConfigError
+
+    seen["cfg"].trl["no_such_trl_key"] = 1
+    with pytest.raises(ConfigError, match="no_such_trl_key"):
+        grpo_args(seen["cfg"], use_cpu=True, per_device_train_batch_size=16)
+
+
+def test_collect_says_when_an_agent_has_no_worker_and_gives_up(files, settings):
+    env = worker_env(settings, FARM_NO_WORKERS_TIMEOUT_S="3")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(files / "rows.jsonl"), "--output",
+                           str(files / "o.jsonl"), "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 30
+    assert "no live worker for agent 'noop'" in proc.stderr and "farm worker --agent noop" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# -- terminals -----------------------------------------------------------------------------
+
+def _pty_run(cmd: list[str], env: dict, seconds: float, interrupt_after: float | None = None) -> str:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**env, "COLUMNS": "80", "LINES": "24", "TERM": "xterm"},
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + seconds
+    started = time.monotonic()
+    sent = False
+    while time.monotonic() < deadline:
+        if interrupt_after is not None and not sent and time.monotonic() - started > interrupt_after:
+            proc.send_signal(signal.SIGINT)
+            sent = True
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    os.close(master)
+    return out.decode("utf-8", "replace")
+
+
+def _lines(text: str) -> list[str]:
+    """What the terminal showed, line by line: a carriage return starts the line over (a redraw)."""
+    return [ANSI.sub("", line) for line in re.split(r"\r\n|\n|\r", text)]
+
+
+def test_collect_under_an_80_column_terminal_fits_and_shows_progress(files, settings):
+    rows = files / "slow.jsonl"
+    rows.write_text("".join(json.dumps({"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"},
+                                        "noop": {"sleep_s": 0.2}}) + "\n" for i in range(40)))
+    worker = spawn_worker(settings, "--agent", "noop", "--concurrency", "4")
+    try:
+        out = _pty_run([sys.executable, "-m", "farm", "collect", "--input", str(rows), "--output",
+                        str(files / "tty.jsonl")], worker_env(settings), 60)
+    finally:
+        stop(worker)
+    lines = [line for line in _lines(out) if " farm." not in line]     # the bar and the table, not log records
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    assert any("noop" in line and "/40" in line for line in lines), out[-2000:]     # the bar
+    assert any("pass@k" in line for line in lines)                                   # the table
+
+
+def test_collect_in_a_pipe_prints_progress_lines_as_it_goes(files, settings):
+    rows = files / "slow.jsonl"
+    rows.write_text("".join(json.dumps({"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"},
+                                        "noop": {"sleep_s": 0.5}}) + "\n" for i in range(24)))
+    worker = spawn_worker(settings, "--agent", "noop", "--concurrency", "4")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "farm", "collect", "--input", str(rows), "--output",
+                                 str(files / "pipe.jsonl"), "--progress-every", "1"], cwd=ROOT, env=worker_env(settings),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stamped = []
+        for line in proc.stdout:
+            stamped.append((time.monotonic(), line.rstrip("\n")))
+        proc.wait(60)
+    finally:
+        stop(worker)
+    assert proc.returncode == 0
+    progress = [(t, line) for t, line in stamped if line.startswith("progress noop")]
+    assert len(progress) >= 2 and progress[-1][0] - progress[0][0] >= 1.0, stamped   # during the run, not only at the end
+    assert "24/24" in progress[-1][1].replace(" ", "") or "24/24" in progress[-1][1]
+    shown = [line for _, line in stamped if " farm." not in line]      # progress and the table, not log records
+    assert all(len(line) <= 80 for line in shown), max(shown, key=len)
+
+
+def test_status_watch_under_an_80_column_terminal_and_in_a_pipe(settings, namespace):
+    env = worker_env(settings)
+    worker = spawn_worker(settings, "--agent", "noop", "--concurrency", "2")
+    try:
+        wait_for(lambda: "noop" in subprocess.run([sys.executable, "-m", "farm", "status"], cwd=ROOT, env=env,
+                                                    capture_output=True, text=True).stdout, what="a live worker")
+        out = _pty_run([sys.executable, "-m", "farm", "status", "--watch", "0.5"], env, 10, interrupt_after=2.5)
+        lines = _lines(out)
+        assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+        assert sum("workers alive: 1" in line for line in lines) >= 2, out[-2000:]     # it refreshed
+        assert any(f"namespace {namespace!r}" in line for line in lines)
+        piped = subprocess.Popen([sys.executable, "-m", "farm", "status", "--watch", "0.5"], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(2.5)
+        piped.send_signal(signal.SIGINT)
+        text, _ = piped.communicate(timeout=20)
+        assert piped.returncode == 0 and text.count("workers alive: 1") >= 2, text
+        assert all(len(line) <= 80 for line in text.splitlines())
+    finally:
+        stop(worker)
+
+
+# -- farm up -------------------------------------------------------------------------------
+
+def _processes_of(namespace: str) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if f"FARM_NAMESPACE={namespace}".encode() in environ.split(b"\0"):
+                out.append(int(pid))
+    return out
+
+
+def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, tmp_path):
+    import asyncio
+
+    from farm.client import FarmClient
+
+    env = worker_env(settings, FARM_DATA_DIR=str(tmp_path / "data"))
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "--config", str(ROOT / "configs" / "farm_up_noop.yaml"),
+                             "up"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        assert any("noop: 2 process(es)" in line for line in seen), seen
+
+        async def batch():
+            client = FarmClient(settings)
+            tasks = [client.task(run_id="up", agent="noop", row={}) for _ in range(50)]
+            got = await client.run_batch(tasks, timeout_s=60)
+            await client.aclose()
+            return got
+
+        got = asyncio.run(batch())
+        assert len(got) == 50 and all(r.ok for r in got.values())
+        children = [p for p in _processes_of(namespace) if p != proc.pid]
+        assert len(children) >= 3      # the pool supervisor and its two workers
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, rest
+    wait_for(lambda: not _processes_of(namespace), timeout=10, what="every process of the farm gone")
