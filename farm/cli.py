@@ -429,6 +429,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             traceback.print_exc()
         print(f"farm: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"farm: the Python package {exc.name!r} is not installed: install the extra that needs it "
+              "(pip install -e '.[policy]', '.[envs]', '.[train]' or '.[parquet]')", file=sys.stderr)
+        return EXIT_CONFIG
     except (OSError, UnicodeError, ValueError) as exc:
         if debug:
             traceback.print_exc()
