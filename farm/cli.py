@@ -87,7 +87,9 @@ pass_globals = click.make_pass_decorator(Globals)
              "  farm --config farm.yaml up\n\n  farm worker --agent math --processes 2")
 @click.option("-c", "--config", type=click.Path(dir_okay=False), envvar="FARM_CONFIG",
               help="YAML settings file (default: $FARM_CONFIG).")
-@click.option("--redis-url", default=None, help="Redis URL (default: settings, $FARM_REDIS_URL, else embedded).")
+@click.option("--redis-url", default=None,
+              help="Redis URL (default: settings, $FARM_REDIS_URL, else embedded); put a password in "
+                   "$FARM_REDIS_PASSWORD, not here, where other processes can read it.")
 @click.option("--namespace", default=None, help="key namespace (default: settings, farm).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               default=None, help="log level (default: settings, INFO).")
@@ -142,12 +144,13 @@ def worker(g: Globals, agent, impl, concurrency, processes) -> int:
         from workers.pool import run_pool
 
         child = [sys.executable, "-m", "farm"] + (["--config", g.config] if g.config else [])
-        for name, value in g.overrides.items():
-            child += [f"--{name.replace('_', '-')}", str(value)]
         child += ["worker", "--agent", agent, "--concurrency", str(s.concurrency), "--processes", "1"]
         if impl:
             child += ["--impl", impl]
-        return run_pool(child, processes, max_restarts=s.restart_max, window_s=s.restart_window_s)
+        # The global options reach the children as FARM_* variables: a Redis URL may hold a password,
+        # which must not sit on a command line.
+        env = dict(os.environ, **{f"FARM_{name.upper()}": str(value) for name, value in g.overrides.items()})
+        return run_pool(child, processes, max_restarts=s.restart_max, window_s=s.restart_window_s, env=env)
 
     import asyncio
 

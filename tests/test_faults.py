@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -367,13 +368,25 @@ def test_worker_pool_children_get_arguments_they_accept(settings, tmp_path, sync
     """`farm --config c.yaml worker --processes 2`: both children run, and stop on SIGTERM."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text("concurrency: 4\n")
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "--config", str(cfg), "worker", "--agent", "noop",
-                             "--processes", "2"], env=worker_env(settings), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    env = {k: v for k, v in worker_env(settings).items() if k not in ("FARM_REDIS_URL", "FARM_NAMESPACE")}
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "--config", str(cfg), "--redis-url", settings.redis_url,
+                             "--namespace", settings.namespace, "worker", "--agent", "noop", "--processes", "2"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: len(list(sync_redis.scan_iter(match=settings.keys.worker_pattern()))) == 2,
-                 timeout=30, what="two live workers")
+                 timeout=30, what="two live workers in the namespace given on the command line")
+        children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == proc.pid]
+        assert len(children) == 2
+        for pid in children:   # the global options reach them, but not on their command lines
+            assert b"redis://" not in open(f"/proc/{pid}/cmdline", "rb").read()
     finally:
         out = stop(proc, timeout=30)
     assert proc.returncode == 0, out
+
+
+def _parent(pid: str) -> int:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
 

@@ -49,8 +49,8 @@ class RestartWindow:
 
 
 def run_pool(cmd: list[str], processes: int, *, max_restarts: int = 5, window_s: float = 60.0,
-             base_s: float = 0.5) -> int:
-    children: dict[int, Optional[subprocess.Popen]] = {i: subprocess.Popen(cmd) for i in range(processes)}
+             base_s: float = 0.5, env: Optional[dict[str, str]] = None) -> int:
+    children: dict[int, Optional[subprocess.Popen]] = {i: subprocess.Popen(cmd, env=env) for i in range(processes)}
     due: dict[int, float] = {}  # slot -> when its restart is due
     window = RestartWindow(max_restarts, window_s, base_s)
     stopping = False
@@ -81,7 +81,7 @@ def run_pool(cmd: list[str], processes: int, *, max_restarts: int = 5, window_s:
         for slot, at in list(due.items()):
             if now >= at and not stopping:
                 del due[slot]
-                children[slot] = subprocess.Popen(cmd)
+                children[slot] = subprocess.Popen(cmd, env=env)
         for slot, c in children.items():
             code = None if c is None else c.poll()
             if code is None:
