@@ -280,18 +280,18 @@ def test_settings_mask_the_key_and_take_it_from_the_environment():
 
 
 def test_no_command_line_option_takes_the_key():
-    import argparse
+    import click
 
-    from farm.cli import build_parser
+    from farm.cli import cli
 
-    def options(parser):
-        for action in parser._actions:
-            yield from action.option_strings
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    yield from options(sub)
+    def options(command):
+        for param in command.params:
+            yield from getattr(param, "opts", [])
+        if isinstance(command, click.Group):
+            for sub in command.commands.values():
+                yield from options(sub)
 
-    found = list(options(build_parser()))
+    found = list(options(cli))
     assert "--agent" in found  # the walk does reach the subcommands
     assert not [o for o in found if "key" in o.lower()]
 
