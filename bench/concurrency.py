@@ -228,7 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise SystemExit(f"no Redis answers at {args.redis_url}")
 
     from workers.chat import ChatTokenizer
-    from workers.policy_server import default_cache, prepare_model
+    from workers.serving import default_cache, prepare_model
 
     started = time.monotonic()
     model_dir = prepare_model(default_cache())

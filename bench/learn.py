@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     from trainer.config import TrainConfig
     from trainer.train import build_trainer
     from trainer.weights import VllmReload
-    from workers.policy_server import PolicyServer, default_cache, prepare_model
+    from workers.serving import PolicyServer, default_cache, prepare_model
 
     torch.set_num_threads(a.threads)
     out = Path(a.out)

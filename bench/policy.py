@@ -66,7 +66,7 @@ from farm.client import FarmClient  # noqa: E402
 from farm.schema import Sampling, Status  # noqa: E402
 from farm.settings import load_settings  # noqa: E402
 from workers.chat import ChatTokenizer, chat_tools, input_messages  # noqa: E402
-from workers.policy_server import PolicyServer, default_cache, prepare_model  # noqa: E402
+from workers.serving import PolicyServer, default_cache, prepare_model  # noqa: E402
 
 AGENT = "bench_weather"
 TARGET_RATIO = 0.95

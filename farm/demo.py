@@ -130,7 +130,7 @@ def run_demo(settings: Settings, *, tasks: int = 2000, processes: int = 2, concu
     sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=96)
     if settings.policy_urls:
         return _demo(settings, "single_tool_call", rows, processes, concurrency, timeout_s, {}, sampling)
-    from workers.policy_server import PolicyServer, default_cache, prepare_model
+    from workers.serving import PolicyServer, default_cache, prepare_model
 
     model = prepare_model(default_cache())
     with PolicyServer(model, log_path=settings.data_path / "logs" / "vllm-demo.log") as server:

@@ -32,7 +32,7 @@ def embedded_workers(settings: Settings, options: "CollectOptions", agents: list
         s = stack.enter_context(ensure_redis(settings))
         env = dict(os.environ, FARM_REDIS_URL=s.redis_url, FARM_NAMESPACE=s.namespace)
         if needs_policy and not s.policy_urls:
-            from workers.policy_server import PolicyServer, default_cache, prepare_model
+            from workers.serving import PolicyServer, default_cache, prepare_model
 
             model = prepare_model(default_cache())
             server = stack.enter_context(PolicyServer(model, log_path=s.data_path / "logs" / "vllm-collect.log"))

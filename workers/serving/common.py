@@ -1,0 +1,71 @@
+"""What every serving step shares: the error, progress messages, a file lock, logged subprocess steps."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+from farm.errors import FarmError
+
+# Offline on purpose: a missing file must fail here, not turn into a hub download elsewhere.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+class PolicyServerError(FarmError):
+    """The serving venv, the model or the vLLM server could not be made ready."""
+
+
+def say(message: str) -> None:
+    print(f"[policy] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Serialize installs between processes (a worker pool may all start at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_step(cmd: Sequence[str], log_path: Path, what: str, env: Optional[dict] = None) -> None:
+    """Run a step with its output appended to log_path; echo its `farm:` lines; fail with the log's tail."""
+    started = time.monotonic()
+    say(f"{what} ...")
+    shown = [str(c) if len(str(c)) < 200 else "<script>" for c in cmd]
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(shown)}\n")
+        log.flush()
+        proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, text=True, errors="replace")
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("farm: "):
+                say(line[6:].rstrip())
+        code = proc.wait()
+    if code != 0:
+        raise PolicyServerError(f"{what} failed (exit {code}); last lines of {log_path}:\n{tail(log_path)}")
+    say(f"{what}: done in {time.monotonic() - started:.0f}s")
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) or "(the log is empty)"
+    except OSError:
+        return "(no log)"
+
+
+def read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
