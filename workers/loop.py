@@ -16,6 +16,7 @@ fails the rollout (kind `invariant`) rather than feeding the trainer wrong token
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from farm.errors import RolloutFailure
@@ -25,6 +26,31 @@ from workers.agent import AgentContext
 from workers.env_calls import read_row, run_call, sampling_for, scored
 from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
 from workers.policy import ContextOverflow, PolicyClient, Session
+
+
+@dataclass
+class Episode:
+    """One rollout in progress: the conversation, the token trace so far, and what it cost."""
+
+    history: list[dict]
+    template_tools: Any
+    followups: list[str]
+    state: Any
+    sampling: dict
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    turns: list[tuple[int, int]] = field(default_factory=list)
+    output: list[dict] = field(default_factory=list)
+    calls_made: list[dict] = field(default_factory=list)
+    metrics: dict = field(default_factory=lambda: {"turns": 0, "tool_calls": 0, "tool_errors": 0,
+                                                   "bad_tool_calls": 0})
+    timings: Timings = field(default_factory=Timings)
+    session: Session = field(default_factory=Session)
+    truncated: bool = False
+    final_text: str = ""
+    sent: Optional[list[int]] = None
 
 
 class PolicyAgent:
@@ -51,96 +77,101 @@ class PolicyAgent:
         await self.policy.wait_ready()
 
     async def run(self, task: Task, ctx: AgentContext) -> Rollout:
-        row = task.row
-        params, messages, followups = read_row(row)
+        """One rollout: sample a turn, answer its tool calls (or the row's next user turn), until done."""
+        ep = self._start(task)
+        for step in range(self.settings.max_steps):
+            text = await self._sample(ep, step)
+            if text is None:
+                break
+            new = await self._respond(ep, text, step)
+            if not new or step == self.settings.max_steps - 1:
+                ep.metrics["hit_max_steps"] = bool(new)
+                break
+            self._append_env(ep, new)
+        return await self._finish(task, ep)
+
+    def _start(self, task: Task) -> "Episode":
+        params, messages, followups = read_row(task.row)
         schemas = chat_tools(params["tools"]) if params.get("tools") else self.schemas
         history, template_tools = self.tok.with_tools(messages, schemas)
-        state = self.env.new_state(row)
-        sampling = sampling_for(task, self.settings.sampling)
-        loop = self.settings.loop
+        return Episode(history=history, template_tools=template_tools, followups=followups,
+                       state=self.env.new_state(task.row), sampling=sampling_for(task, self.settings.sampling),
+                       prompt=self.tok.prompt_ids(history, template_tools))
 
-        prompt = self.tok.prompt_ids(history, template_tools)
-        ids: list[int] = []
-        logprobs: list[float] = []
-        mask: list[int] = []
-        turns: list[tuple[int, int]] = []
-        output: list[dict] = []
-        calls_made: list[dict] = []
-        metrics = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0}
-        timings = Timings()
-        session = Session()
-        truncated = False
-        final_text = ""
-        sent: Optional[list[int]] = None
-
-        for step in range(self.settings.max_steps):
-            request = prompt + ids
-            if sent is not None and request[:len(sent)] != sent:
-                raise RolloutFailure(ErrorKind.invariant, f"turn {step}: prompt does not extend the previous one")
-            budget = await self.policy.max_model_len(session)
-            max_tokens = sampling.get("max_tokens")
-            if budget is not None:
-                room = budget - len(request)
-                if room <= 0:
-                    truncated = True
-                    break
-                max_tokens = min(max_tokens or room, room)
-            t0 = time.perf_counter()
-            try:
-                c = await self.policy.complete(request, {**sampling, "max_tokens": max_tokens}, session)
-            except ContextOverflow:
-                truncated = True
-                break
-            finally:
-                timings.model_s += time.perf_counter() - t0
-            if len(c.ids) != len(c.logprobs):
-                raise RolloutFailure(ErrorKind.invariant, f"{len(c.ids)} ids but {len(c.logprobs)} logprobs")
-            sent = request + c.ids
-            turns.append((len(ids), len(ids) + len(c.ids)))
-            ids += c.ids
-            logprobs += c.logprobs
-            mask += [1] * len(c.ids)
-            metrics["turns"] += 1
-            ended = bool(c.ids) and c.ids[-1] == self.tok.eos_id
-            text = self.tok.decode(c.ids[:-1] if ended else c.ids)
-            final_text = text
-            output.append({"type": "message", "role": "assistant",
-                           "content": [{"type": "output_text", "text": text}]})
-            if c.finish_reason == "length" or not ended:
-                truncated = c.finish_reason == "length"
-                break
-            history.append({"role": "assistant", "content": text})
-
-            new: list[dict] = []
-            if loop != "single_turn":
-                t1 = time.perf_counter()
-                new = await self._run_tools(text, step, state, output, calls_made, metrics)
-                timings.tools_s += time.perf_counter() - t1
-            if not new and loop == "multi_turn" and followups:
-                new = [{"role": "user", "content": followups.pop(0)}]
-                output.append({"type": "message", "role": "user",
-                               "content": [{"type": "input_text", "text": new[0]["content"]}]})
-            if not new or step == self.settings.max_steps - 1:
-                metrics["hit_max_steps"] = bool(new)
-                break
-            try:
-                env_ids = self.tok.append_ids(history, template_tools, new)
-            except ValueError as exc:
-                raise RolloutFailure(ErrorKind.invariant, str(exc)) from None
-            history += new
-            ids += env_ids
-            logprobs += [0.0] * len(env_ids)
-            mask += [0] * len(env_ids)
-
+    async def _sample(self, ep: "Episode", step: int) -> Optional[str]:
+        """One model turn appended to the trace; its text, or None when the rollout ends here."""
+        request = ep.prompt + ep.ids
+        if ep.sent is not None and request[:len(ep.sent)] != ep.sent:
+            raise RolloutFailure(ErrorKind.invariant, f"turn {step}: prompt does not extend the previous one")
+        budget = await self.policy.max_model_len(ep.session)
+        max_tokens = ep.sampling.get("max_tokens")
+        if budget is not None:
+            room = budget - len(request)
+            if room <= 0:
+                ep.truncated = True
+                return None
+            max_tokens = min(max_tokens or room, room)
+        t0 = time.perf_counter()
         try:
-            trace = TokenTrace.build(prompt, ids, logprobs, mask, turns)
+            c = await self.policy.complete(request, {**ep.sampling, "max_tokens": max_tokens}, ep.session)
+        except ContextOverflow:
+            ep.truncated = True
+            return None
+        finally:
+            ep.timings.model_s += time.perf_counter() - t0
+        if len(c.ids) != len(c.logprobs):
+            raise RolloutFailure(ErrorKind.invariant, f"{len(c.ids)} ids but {len(c.logprobs)} logprobs")
+        ep.sent = request + c.ids
+        ep.turns.append((len(ep.ids), len(ep.ids) + len(c.ids)))
+        ep.ids += c.ids
+        ep.logprobs += c.logprobs
+        ep.mask += [1] * len(c.ids)
+        ep.metrics["turns"] += 1
+        ended = bool(c.ids) and c.ids[-1] == self.tok.eos_id
+        text = self.tok.decode(c.ids[:-1] if ended else c.ids)
+        ep.final_text = text
+        ep.output.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
+        if c.finish_reason == "length" or not ended:
+            ep.truncated = c.finish_reason == "length"
+            return None
+        ep.history.append({"role": "assistant", "content": text})
+        return text
+
+    async def _respond(self, ep: "Episode", text: str, step: int) -> list[dict]:
+        """The environment's answer to a turn: its tool results, else the row's next user turn (multi_turn)."""
+        new: list[dict] = []
+        if self.settings.loop != "single_turn":
+            t1 = time.perf_counter()
+            new = await self._run_tools(text, step, ep.state, ep.output, ep.calls_made, ep.metrics)
+            ep.timings.tools_s += time.perf_counter() - t1
+        if not new and self.settings.loop == "multi_turn" and ep.followups:
+            new = [{"role": "user", "content": ep.followups.pop(0)}]
+            ep.output.append({"type": "message", "role": "user",
+                              "content": [{"type": "input_text", "text": new[0]["content"]}]})
+        return new
+
+    def _append_env(self, ep: "Episode", new: list[dict]) -> None:
+        """The environment's messages as tokens in the trace (env_mask 0), without re-tokenizing sampled ids."""
+        try:
+            env_ids = self.tok.append_ids(ep.history, ep.template_tools, new)
         except ValueError as exc:
             raise RolloutFailure(ErrorKind.invariant, str(exc)) from None
-        metrics.update(prompt_tokens=len(prompt), completion_tokens=sum(mask), env_tokens=len(mask) - sum(mask),
-                       replica_moves=session.moves)
-        transcript = Transcript(final_text=final_text, output=output, tool_calls=calls_made, truncated=truncated)
-        return await scored(self.env, task, state, transcript, self.settings.verify_timeout_s, metrics, timings,
-                             trace=trace)
+        ep.history += new
+        ep.ids += env_ids
+        ep.logprobs += [0.0] * len(env_ids)
+        ep.mask += [0] * len(env_ids)
+
+    async def _finish(self, task: Task, ep: "Episode") -> Rollout:
+        try:
+            trace = TokenTrace.build(ep.prompt, ep.ids, ep.logprobs, ep.mask, ep.turns)
+        except ValueError as exc:
+            raise RolloutFailure(ErrorKind.invariant, str(exc)) from None
+        ep.metrics.update(prompt_tokens=len(ep.prompt), completion_tokens=sum(ep.mask),
+                          env_tokens=len(ep.mask) - sum(ep.mask), replica_moves=ep.session.moves)
+        transcript = Transcript(final_text=ep.final_text, output=ep.output, tool_calls=ep.calls_made,
+                                truncated=ep.truncated)
+        return await scored(self.env, task, ep.state, transcript, self.settings.verify_timeout_s, ep.metrics,
+                            ep.timings, trace=trace)
 
     async def _run_tools(self, text: str, step: int, state: Any, output: list, calls_made: list,
                          metrics: dict) -> list[dict]:
