@@ -381,7 +381,8 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
     interrupted = False
     with ExitStack() as stack:
         if options.embedded and remaining > 0:
-            settings = stack.enter_context(embedded_workers(settings, options, sorted(totals)))
+            settings = stack.enter_context(embedded_workers(settings, sorted(totals), options.worker_processes,
+                                                              options.worker_concurrency))
         elif not settings.redis_url:
             from farm.embedded import ensure_redis
 

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Optional
 
 from farm.settings import Settings
 
-if TYPE_CHECKING:
-    from producer.collect import CollectOptions
-
 
 @contextmanager
-def embedded_workers(settings: Settings, options: "CollectOptions", agents: list[str]) -> Iterator[Settings]:
+def embedded_workers(settings: Settings, agents: list[str], processes: int = 1,
+                     concurrency: Optional[int] = None) -> Iterator[Settings]:
     """Redis (configured or embedded), the policy when an agent needs one, and one worker pool per agent."""
     from farm.embedded import ensure_redis
     from workers.agent import available_agents
@@ -41,7 +39,7 @@ def embedded_workers(settings: Settings, options: "CollectOptions", agents: list
             s = s.replace(policy_urls=[server.url], policy_model=server.served_model_name,
                           policy_tokenizer=str(model))
         logs = s.data_path / "logs"
-        pools = [Pool(agent, options.worker_processes, options.worker_concurrency) for agent in agents]
+        pools = [Pool(agent, processes, concurrency) for agent in agents]
         procs = start_pools(stack, s, pools, env, logs, prefix="collect-worker")
-        wait_for_workers(s, len(agents) * options.worker_processes, procs, logs)
+        wait_for_workers(s, len(agents) * processes, procs, logs)
         yield s

@@ -13,30 +13,16 @@ so third-party packages plug in the same way the environments do.
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable
 
 from farm.errors import UnknownAgent
-from farm.schema import Rollout, Task
 from farm.settings import Settings
+from workers.context import Agent, AgentContext
+
+__all__ = ["Agent", "AgentContext", "AgentFactory", "available_agents", "load_agent"]
 
 ENTRY_POINT_GROUP = "farm.agents"
-
-
-@dataclass
-class AgentContext:
-    worker_id: str
-    settings: Settings
-    log: logging.Logger = field(default_factory=lambda: logging.getLogger("farm.agent"))
-
-
-@runtime_checkable
-class Agent(Protocol):
-    async def run(self, task: Task, ctx: AgentContext) -> Rollout: ...
-
-    async def aclose(self) -> None: ...
 
 
 AgentFactory = Callable[[str, Settings], Agent]

@@ -28,7 +28,7 @@ from envs.base import AgentSettings, Environment, Tool, Transcript
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings
 from farm.settings import Settings
-from workers.agent import AgentContext
+from workers.context import AgentContext
 from workers.chat import TOOL_SYSTEM, BadToolCall, ToolCall, chat_tools, parse_tool_calls
 from workers.env_calls import read_row, run_call, sampling_for, scored
 from workers.openai_pool import ContextOverflow, Replicas

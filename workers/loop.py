@@ -22,7 +22,7 @@ from typing import Any, Optional
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings, TokenTrace
 from envs.base import AgentSettings, Environment, Tool, Transcript
-from workers.agent import AgentContext
+from workers.context import AgentContext
 from workers.env_calls import read_row, run_call, sampling_for, scored
 from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
 from workers.policy import ContextOverflow, PolicyClient, Session

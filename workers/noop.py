@@ -17,7 +17,7 @@ import asyncio
 
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Status, Task, TokenTrace
-from workers.agent import AgentContext
+from workers.context import AgentContext
 
 
 class NoopAgent:

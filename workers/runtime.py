@@ -45,7 +45,7 @@ from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
 from farm.transport import Outage, backoff_delay
-from workers.agent import Agent, AgentContext
+from workers.context import Agent, AgentContext
 
 log = logging.getLogger("farm.worker")
 
