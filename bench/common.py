@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -43,15 +42,9 @@ def delete_namespace(url: str, namespace: str) -> int:
 
 def stop_all(children: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
     """SIGTERM (a worker's graceful drain) to every child, then a kill for any still running after timeout_s."""
-    for c in children:
-        if c.poll() is None:
-            c.send_signal(signal.SIGTERM)
-    for c in children:
-        try:
-            c.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            c.kill()
-            c.wait()
+    from workers.up import stop_all as stop
+
+    stop(children, timeout_s)
 
 
 class WorkerPool:

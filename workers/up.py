@@ -119,6 +119,8 @@ def wait_for_workers(settings: Settings, n: int, procs: list[subprocess.Popen], 
 
 
 def stop_all(procs: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
+    """SIGTERM (a worker's graceful drain) to every child, then SIGKILL to any still running after timeout_s
+    (to its whole process group when it leads one: a pool's own children go with it)."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -126,7 +128,13 @@ def stop_all(procs: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
         try:
             p.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+            try:
+                if os.getpgid(p.pid) == p.pid:
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
+            except ProcessLookupError:
+                pass
             p.wait()
 
 
