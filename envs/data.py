@@ -164,17 +164,6 @@ def read_rows(path: str | Path) -> Iterator[tuple[int, object]]:
                 yield n, RowError(n, f"invalid JSON: {exc.msg} at column {exc.colno}")
 
 
-def known_agents(settings=None) -> set[str]:
-    """Names a row's agent_ref may use: registered environments and agents, configured agents."""
-    from envs.base import available_envs
-    from workers.agent import available_agents
-
-    names = set(available_envs()) | set(available_agents())
-    if settings is not None:
-        names |= set(settings.agents)
-    return names
-
-
 # -- writing -------------------------------------------------------------------------------
 @contextmanager
 def atomic_output(output: str | Path) -> Iterator[IO[str]]:

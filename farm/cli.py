@@ -228,7 +228,7 @@ def policy_serve(cache, venv, model, port, host, max_model_len, ready_timeout, v
 @pass_globals
 def demo(g: Globals, noop, tasks, processes, concurrency, timeout) -> int:
     """The main job on embedded defaults: vLLM + SmolLM2, Redis, workers, a batch."""
-    from farm.demo import run_demo
+    from producer.demo import run_demo
 
     tasks = tasks or (2000 if noop else 32)
     summary = run_demo(g.settings(), tasks=tasks, processes=processes or (2 if noop else 1),
@@ -374,7 +374,9 @@ def data_prepare(g: Globals, path, agent, replace_agent, output, lenient, no_che
     """Validate a JSONL file (errors by line number), add missing agent_refs."""
     from envs import data as data_mod
 
-    agents = None if no_check_agents else data_mod.known_agents(g.settings())
+    from workers.agent import known_agents
+
+    agents = None if no_check_agents else known_agents(g.settings())
     data_mod.run_prepare(path, agent=agent, output=output, strict=not lenient, agents=agents,
                          replace_agent=replace_agent)
     return 0

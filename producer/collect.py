@@ -103,13 +103,6 @@ class Plan:
     bad_count: int = 0
 
 
-def known_agents(settings: Settings) -> set[str]:
-    from envs.base import available_envs
-    from workers.agent import available_agents
-
-    return set(available_agents()) | set(settings.agents) | set(available_envs())
-
-
 def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
     """Check every line and count the work; raises InputError before anything is enqueued."""
     out = out or sys.stderr
@@ -132,6 +125,8 @@ def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
     if p.rows == 0:
         raise InputError(f"no valid row in {options.input}" + (f" ({p.bad_count} malformed line(s))" if p.bad_count
                                                                 else " (the file is empty)") + "; nothing was enqueued")
+    from workers.agent import known_agents
+
     known = known_agents(settings)
     unknown = sorted(set(p.pairs) - known)
     if unknown:

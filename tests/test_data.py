@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from envs.data import DataError, check_row, known_agents, run_blend, run_generate, run_prepare
+from envs.data import DataError, check_row, run_blend, run_generate, run_prepare
+from workers.agent import known_agents
 from farm import schema
 from farm.errors import UnknownAgent
 from farm.schema import Task

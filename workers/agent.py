@@ -20,7 +20,7 @@ from farm.errors import UnknownAgent
 from farm.settings import Settings
 from workers.context import Agent, AgentContext
 
-__all__ = ["Agent", "AgentContext", "AgentFactory", "available_agents", "load_agent"]
+__all__ = ["Agent", "AgentContext", "AgentFactory", "available_agents", "known_agents", "load_agent"]
 
 ENTRY_POINT_GROUP = "farm.agents"
 
@@ -94,3 +94,13 @@ def policy_agent(name: str, settings: Settings) -> Agent:
                                        retry_budget_s=settings.policy_retry_budget_s,
                                        max_connections=max(8, settings.concurrency)))
     return PolicyAgent(env, policy, tokenizer, loop_settings)
+
+
+def known_agents(settings: Settings | None = None) -> set[str]:
+    """Names a row's agent_ref may use: registered environments and agents, and configured agents."""
+    from envs.base import available_envs
+
+    names = set(available_envs()) | set(available_agents())
+    if settings is not None:
+        names |= set(settings.agents)
+    return names
