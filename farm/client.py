@@ -18,6 +18,7 @@ missing rollout for a zero reward. Every Redis call goes through the client's Ou
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import defaultdict
@@ -29,7 +30,7 @@ from farm import schema
 from farm.connection import connect
 from farm.errors import ConfigError, SchemaError
 from farm.keys import Keys
-from farm.schema import AgentRef, ErrorKind, Rollout, RolloutError, Status, Task
+from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.streams import ensure_group
 from farm.transport import Outage
@@ -107,16 +108,7 @@ class ResultReader:
 
     def _salvaged(self, fields: dict, exc: SchemaError) -> Optional[Rollout]:
         """A `malformed` failure for the task an unreadable result answered, when the entry still names it."""
-        info = schema.salvage(fields)
-        ref = info.get("agent_ref")
-        try:
-            return Rollout(task_id=info["task_id"], run_id=info["run_id"], group_id=str(info.get("group_id", "")),
-                           sample_index=int(info.get("sample_index", 0)),
-                           agent_ref=AgentRef(name=str(ref["name"])), status=Status.failed,
-                           error=RolloutError(kind=exc.kind, message=f"unreadable result: {exc}"),
-                           finished_at=time.time())
-        except (KeyError, TypeError, ValueError):
-            return None
+        return schema.salvaged_failure(schema.salvage(fields), exc.kind, f"unreadable result: {exc}")
 
     def take(self, task_id: str) -> Optional[Rollout]:
         rollout = self.buffer.pop(task_id, None)
@@ -227,9 +219,10 @@ class FarmClient:
             deadline = min(deadline or float("inf"), time.time() + timeout_s)
         missing = dict(wanted)
         while True:
-            for task_id, task in list(missing.items()):
-                rollout = readers[task.run_id].take(task_id)
-                if rollout is not None:
+            # What arrived, not every task still waited for: a pull costs its arrivals, not the batch size.
+            for reader in set(readers.values()):
+                for task_id in [t for t in reader.buffer if t in missing]:
+                    rollout = reader.take(task_id)
                     del missing[task_id]
                     yield rollout
             if not missing:
@@ -264,8 +257,6 @@ class FarmClient:
 
     async def live_agents(self) -> set[str]:
         """Agents with at least one live worker (their heartbeats have not expired)."""
-        import json
-
         async def read() -> set[str]:
             keys = [k async for k in self.r.scan_iter(match=self.keys.worker_pattern(), count=500)]
             beats = await self.r.mget(keys) if keys else []

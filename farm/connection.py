@@ -24,8 +24,9 @@ def _options(settings: Settings) -> dict:
     if not settings.redis_url:
         raise ConfigError("no redis_url: start an embedded Redis first (farm.embedded.ensure_redis)")
     extra = {}
-    if urlsplit(settings.redis_url).password is None and read_password(None):
-        extra["password"] = read_password(None)   # FARM_REDIS_PASSWORD, for URLs that carry none
+    password = read_password(None) if urlsplit(settings.redis_url).password is None else None
+    if password:
+        extra["password"] = password   # FARM_REDIS_PASSWORD, for URLs that carry none
     return dict(
         **extra,
         socket_timeout=settings.socket_timeout_s,

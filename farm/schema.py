@@ -321,3 +321,16 @@ def salvage(fields: dict) -> dict[str, Any]:
     out = {k: loose[k] for k in keep if k in loose}
     # Only plain values survive: whatever reads these fields trusts their types.
     return {k: v for k, v in out.items() if isinstance(v, (str, int)) or (k == "agent_ref" and isinstance(v, dict))}
+
+
+def salvaged_failure(info: dict[str, Any], kind: str, message: str, **fields: Any) -> Optional[Rollout]:
+    """A `failed` rollout for the task `info` (from salvage()) names, or None when it does not name one."""
+    ref = info.get("agent_ref")
+    try:
+        return Rollout(task_id=str(info["task_id"]), run_id=str(info["run_id"]), group_id=str(info.get("group_id", "")),
+                       sample_index=int(info.get("sample_index", 0)),
+                       agent_ref=AgentRef(name=str(ref["name"]), type=str(ref.get("type", "responses_api_agents"))),
+                       status=Status.failed, error=RolloutError(kind=str(kind), message=message),
+                       finished_at=time.time(), **fields)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

@@ -1,8 +1,8 @@
 """Worker-side stream operations on one agent's task stream.
 
 Every call goes through the process's farm.transport.Outage (the one retry layer), so
-nothing here catches a redis-py exception itself. Reads go through the consumer group (`XREADGROUP ... COUNT free_slots`), so a worker
-never holds more tasks than it can run. Settling a task (rollout to reply_to + XACK, a
+nothing here catches a redis-py exception itself. Reads go through the consumer group
+(`XREADGROUP ... COUNT free_slots`), so a worker never holds more tasks than it can run. Settling a task (rollout to reply_to + XACK, a
 retry into the delayed set, or a dead letter) is one Lua script per task; the Settler
 pipelines the scripts of many finished tasks into one round trip, which is what lets a
 single worker process settle thousands of rollouts a second.

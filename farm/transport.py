@@ -135,10 +135,6 @@ class Outage:
         return cls(settings.redis_url, settings.connect_backoff_s, settings.connect_backoff_max_s,
                    settings.redis_down_max_s)
 
-    @property
-    def down(self) -> bool:
-        return self.since is not None
-
     def ok(self) -> None:
         if self.since is not None:
             log.info("Redis at %s answers again after %.1fs", self.url, time.monotonic() - self.since)
@@ -170,12 +166,8 @@ class Outage:
 
     async def once(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
         """One attempt, errors mapped: for shutdown steps, which must not wait out an outage."""
-        try:
+        with errors(self.url):
             return await fn()
-        except TransportError:
-            raise
-        except (rx.RedisError, OSError) as exc:
-            raise mapped(exc, self.url) from exc
 
     async def wait(self, exc: BaseException, what: str) -> None:
         """Sleep before the next attempt, or raise RedisUnavailable once the outage has lasted too long."""

@@ -188,6 +188,32 @@ def hermes(name: str, arguments: dict | None = None) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments or {}})}</tool_call>"
 
 
+async def consumer_with_tasks(settings: Settings, n: int = 1, consumer: str = "c1"):
+    """A connection, an AgentStream for `consumer` on the noop stream, and n tasks it has read:
+    (r, stream, tasks, entry ids) for tests that drive the settle scripts by hand."""
+    from farm.client import FarmClient
+    from farm.connection import connect
+    from farm.streams import AgentStream
+    from farm.transport import Outage
+
+    r = connect(settings)
+    stream = AgentStream(r, settings.keys, "noop", consumer, Outage.for_settings(settings))
+    await stream.setup()
+    client = FarmClient(settings, r)
+    tasks = [client.task(run_id="run1", agent="noop", row={"noop": {}, "i": i}) for i in range(n)]
+    await client.submit(tasks)
+    ids = [entry_id for entry_id, _ in await stream.read(n, 100)]
+    return r, stream, tasks, ids
+
+
+async def run_script(r, op) -> object:
+    """Run one settle operation (name, keys, args) as the Settler would, in a single EVALSHA."""
+    from farm.scripts import SHAS
+
+    name, keys, args = op
+    return await r.evalsha(SHAS[name], len(keys), *keys, *args)
+
+
 @contextlib.asynccontextmanager
 async def in_process_worker(settings: Settings, concurrency: int = 8, agent: str = "noop"):
     """The asyncio Worker with the noop agent, in this test's event loop; stopped (drained) on exit."""

@@ -25,7 +25,8 @@ from farm.keys import GROUP
 from farm.schema import Status
 from farm.streams import AgentStream
 
-from conftest import ROOT, async_wait_for, make_settings, spawn_worker, stop, wait_for, worker_env
+from conftest import (ROOT, async_wait_for, consumer_with_tasks, make_settings, run_script, spawn_worker, stop,
+                      wait_for, worker_env)
 from conftest import in_process_worker as running
 
 # A msgpack body nested 100,000 arrays deep: deeper than any decoder's recursion limit.
@@ -170,29 +171,17 @@ async def test_reply_to_outside_the_namespace_is_refused_and_never_written(setti
 
 async def test_the_settle_script_checks_reply_to_itself_and_acks_nothing(settings, sync_redis):
     """The script is the last line: a settle naming a foreign or mistyped stream writes and acks nothing."""
-    from farm.connection import connect
-    from farm.scripts import SHAS
-    from farm.transport import Outage
-
-    r = connect(settings)
-    stream = AgentStream(r, settings.keys, "noop", "c1", Outage.for_settings(settings))
-    await stream.setup()
-    client = FarmClient(settings, r)
-    [task] = [client.task(run_id="s", agent="noop", row={})]
-    await client.submit([task])
-    [(entry_id, _)] = await stream.read(1, 100)
+    r, stream, [task], [entry_id] = await consumer_with_tasks(settings)
     rollout = schema.Rollout.for_task(task, status=Status.ok, reward=1.0)
     foreign = f"elsewhere-{settings.namespace}"
     typed = settings.keys.results("typed")
     sync_redis.hset(typed, "a", "b")
     try:
         for key, code in ((foreign, -1), (typed, -2)):
-            name, keys, args = stream.reply_op(entry_id, rollout, key)
-            assert await r.evalsha(SHAS[name], len(keys), *keys, *args) == code
+            assert await run_script(r, stream.reply_op(entry_id, rollout, key)) == code
         assert not sync_redis.exists(foreign)
         assert sync_redis.xpending(settings.keys.tasks("noop"), GROUP)["pending"] == 1
-        name, keys, args = stream.reply_op(entry_id, rollout, task.reply_to)
-        assert await r.evalsha(SHAS[name], len(keys), *keys, *args) == 1
+        assert await run_script(r, stream.reply_op(entry_id, rollout, task.reply_to)) == 1
         assert sync_redis.xlen(task.reply_to) == 1
     finally:
         sync_redis.delete(foreign, typed)

@@ -20,7 +20,7 @@ from farm.transport import Outage
 from workers.noop import NoopAgent
 from workers.runtime import Worker
 
-from conftest import async_wait_for, make_settings
+from conftest import async_wait_for, consumer_with_tasks, make_settings, run_script
 from conftest import in_process_worker as worker
 
 
@@ -160,23 +160,12 @@ async def test_duplicate_results_are_dropped(settings, sync_redis):
 
 async def test_settling_twice_writes_one_rollout(settings, sync_redis):
     """The settle script is idempotent: a replayed or competing settle is a no-op."""
-    r = connect(settings)
-    stream = AgentStream(r, settings.keys, "noop", "c1", Outage.for_settings(settings))
-    await stream.setup()
-    client = FarmClient(settings, r)
-    [task] = await submit(client, rows(1))
-    [(entry_id, fields)] = await stream.read(1, 100)
+    r, stream, [task], [entry_id] = await consumer_with_tasks(settings)
     op = stream.reply_op(entry_id, schema.Rollout.for_task(task, status=Status.ok, reward=1.0), task.reply_to)
-    results = [await r.evalsha(*_call(op)) for _ in range(2)]
+    results = [await run_script(r, op) for _ in range(2)]
     assert results == [1, 0]
     assert sync_redis.xlen(task.reply_to) == 1
     await r.aclose()
-
-
-def _call(op):
-    from farm.scripts import SHAS
-    name, keys, args = op
-    return (SHAS[name], len(keys), *keys, *args)
 
 
 async def test_missing_rollouts_become_deadline_failures(settings):
@@ -239,7 +228,7 @@ async def test_stop_drains_in_flight_and_hands_back_the_rest(redis_url, namespac
     w = Worker(settings, "noop", NoopAgent(), concurrency=4)
     run = asyncio.create_task(w.run())
     await async_wait_for(lambda: len(w.inflight) == 2, what="quick tasks in flight")
-    slow = await submit(client, rows(2, sleep_s=60))
+    await submit(client, rows(2, sleep_s=60))
     await async_wait_for(lambda: len(w.inflight) == 4, what="slow tasks in flight")
     w.request_stop()
     await asyncio.wait_for(run, 10)
@@ -258,14 +247,9 @@ async def test_stop_drains_in_flight_and_hands_back_the_rest(redis_url, namespac
 
 
 async def test_retry_waits_in_the_delayed_set_and_comes_back(settings, sync_redis):
-    r = connect(settings)
-    stream = AgentStream(r, settings.keys, "noop", "c1", Outage.for_settings(settings))
-    await stream.setup()
-    client = FarmClient(settings, r)
-    [task] = await submit(client, rows(1))
-    [(entry_id, _)] = await stream.read(1, 100)
+    r, stream, [task], [entry_id] = await consumer_with_tasks(settings)
     op = stream.retry_op(entry_id, msgspec.structs.replace(task, attempt=2), time.time() + 0.3)
-    assert await r.evalsha(*_call(op)) == 1
+    assert await run_script(r, op) == 1
     assert sync_redis.zcard(settings.keys.delayed("noop")) == 1
     assert await stream.promote() == 0  # not due yet
     await asyncio.sleep(0.35)
@@ -302,16 +286,11 @@ def test_tls_urls_use_tls_connections():
 
 
 async def test_renew_reports_only_tasks_taken_by_another_consumer(settings):
-    r = connect(settings)
-    mine = AgentStream(r, settings.keys, "noop", "mine", Outage.for_settings(settings))
-    await mine.setup()
-    client = FarmClient(settings, r)
-    tasks = await submit(client, rows(2))
-    (a, _), (b, _) = await mine.read(2, 100)
+    r, mine, tasks, (a, b) = await consumer_with_tasks(settings, 2, consumer="mine")
     assert await mine.renew([a, b]) == []
     await r.execute_command("XCLAIM", settings.keys.tasks("noop"), GROUP, "thief", 0, b)
     assert await mine.renew([a, b]) == [b]
     op = mine.reply_op(a, schema.Rollout.for_task(tasks[0], status=Status.ok, reward=1.0), tasks[0].reply_to)
-    assert await r.evalsha(*_call(op)) == 1
+    assert await run_script(r, op) == 1
     assert await mine.renew([a]) == []  # settled meanwhile: not "lost"
     await r.aclose()

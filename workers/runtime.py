@@ -245,6 +245,7 @@ class Worker:
             op = await self._outcome(entry_id, fields, deliveries, picked)
             settled = await self.settler.run(op)
             if settled in BAD_REPLY:
+                self.counters[op[2][2]] -= 1   # counted as the refused settle's stat; it becomes a dead letter
                 settled = await self.settler.run(self._bad_reply_op(entry_id, fields, deliveries, settled))
             if not settled:
                 self.counters["duplicate"] += 1
@@ -358,18 +359,10 @@ class Worker:
     def _salvage_reply(self, fields: dict, exc: SchemaError) -> Optional[tuple[str, Rollout]]:
         """Address a failed rollout to whoever waits for an unreadable task, when we can tell who."""
         info = schema.salvage(fields)
-        ref = info.get("agent_ref")
         if not self.settings.keys.is_result_stream(info.get("reply_to")):
             return None
-        try:
-            return info["reply_to"], Rollout(
-                task_id=info["task_id"], run_id=info["run_id"], group_id=info.get("group_id", ""),
-                sample_index=int(info.get("sample_index", 0)),
-                agent_ref=schema.AgentRef(name=ref["name"], type=ref.get("type", "responses_api_agents")),
-                status=schema.Status.failed, error=schema.RolloutError(kind=exc.kind, message=str(exc)),
-                worker_id=self.worker_id, finished_at=time.time())
-        except (KeyError, TypeError, ValueError):
-            return None
+        rollout = schema.salvaged_failure(info, exc.kind, str(exc), worker_id=self.worker_id)
+        return None if rollout is None else (info["reply_to"], rollout)
 
     def _stamp(self, rollout: Rollout, task: Task, attempt: int, picked: float) -> Rollout:
         now = time.time()

@@ -49,7 +49,8 @@ class Pool:
 def parse_up(path: str | os.PathLike) -> dict[str, Any]:
     """The `up:` section of a config file, checked; a ConfigError names what is wrong."""
     data = read_yaml_mapping(path)
-    up = (data.get("farm") or data).get("up") if isinstance(data.get("farm"), dict) else data.get("up")
+    section = data["farm"] if isinstance(data.get("farm"), dict) else data   # where the settings reader looks
+    up = section.get("up")
     if not isinstance(up, dict):
         raise ConfigError(f"{path} has no `up:` section saying what to start (see configs/farm_up.yaml)")
     unknown = sorted(set(up) - {"redis", "policy", "workers", "dashboard"})
