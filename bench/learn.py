@@ -63,7 +63,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from envs.base import load_env
+    from envs.sdk import load_env
     from farm.settings import load_settings
     from trainer.config import TrainConfig
     from trainer.train import build_trainer

@@ -26,6 +26,7 @@ Redis served by `FARM_SANDBOX_REDIS_URL=... python -m envs.sandbox worker` on ot
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import random
@@ -33,10 +34,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from envs.base import AgentSettings, Environment, Transcript, Verdict
+import msgspec
+
 from envs.sandbox import Limits, SandboxClient, SandboxError
-from farm.errors import RolloutFailure
-from farm.schema import ErrorKind
+from envs.sdk import AgentSettings, Environment, ErrorKind, RolloutFailure, Row, Transcript, Verdict
 
 SYSTEM = "You are an expert Python programmer. Answer with code only."
 INSTRUCTIONS = ("Write the complete function (and any imports it needs) in a single ```python code block. "
@@ -201,8 +202,32 @@ def extract_code(text: str) -> Optional[str]:
     return None
 
 
+class UnitTests(msgspec.Struct, kw_only=True):
+    """NeMo Gym's unit tests: stdin/stdout pairs, or call-based when `fn_name` is given."""
+
+    inputs: list[str]
+    outputs: list[str]
+    fn_name: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not self.inputs or len(self.inputs) != len(self.outputs):
+            raise ValueError("unit_tests needs non-empty `inputs` and `outputs` lists of the same length")
+
+
+class CodeMetadata(msgspec.Struct, kw_only=True):
+    unit_tests: UnitTests
+
+
+class CodeRow(Row):
+    """A code_gen row: the tests under `verifier_metadata.unit_tests`; generated rows add their `problem`."""
+
+    verifier_metadata: CodeMetadata
+    problem: Optional[dict[str, Any]] = None
+
+
 class CodeGen(Environment):
     name = "code_gen"
+    row_type = CodeRow
 
     def __init__(self, reward: Literal["fraction", "all"] = "all", start_sandbox_worker: bool = True,
                  sandbox_workers: int = 2, redis_url: Optional[str] = None, queue: Optional[str] = None,
@@ -228,17 +253,19 @@ class CodeGen(Environment):
             else:
                 self._client = SandboxClient(self.redis_url, self.queue or "farm-sandbox", start_workers=self.workers,
                                              wait_margin_s=self.sandbox_wait_s)
-            atexit.register(self.close)
+            atexit.register(self.close)    # a process that never calls aclose() still stops them
         return self._client
 
-    async def verify(self, row: dict, state: Any, transcript: Transcript) -> Verdict:
-        tests = (row.get("verifier_metadata") or {}).get("unit_tests")
-        if not isinstance(tests, dict):
-            raise ValueError("row lacks verifier_metadata.unit_tests")
+    async def aclose(self) -> None:
+        """Stops the sandbox workers this environment started (and its private Redis)."""
+        await asyncio.to_thread(self.close)
+
+    async def verify(self, row: CodeRow, state: Any, transcript: Transcript) -> Verdict:
+        tests = msgspec.structs.asdict(row.verifier_metadata.unit_tests)
         code = extract_code(transcript.final_text)
         if code is None:
             return Verdict(reward=0.0, components={"has_code": 0.0, "pass_fraction": 0.0, "all_passed": 0.0},
-                           metrics={"reason": "no_code", "passed": 0, "total": len(tests.get("inputs") or [])})
+                           metrics={"reason": "no_code", "passed": 0, "total": len(tests["inputs"])})
         try:
             result = await self.client.run(code, tests, self.limits)
         except SandboxError as exc:

@@ -38,6 +38,10 @@ class CpuPool:
         except concurrent.futures.TimeoutError:
             raise VerifierTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s}s and was killed") from None
 
+    async def aclose(self) -> None:
+        """close() off the event loop (it joins the pool's processes)."""
+        await asyncio.to_thread(self.close)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.stop()

@@ -27,7 +27,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Collection, Iterator, Optional
+from typing import IO, Callable, Collection, Iterator, Mapping, Optional
 
 from farm.errors import FarmError
 
@@ -83,8 +83,30 @@ def _rows(n: int) -> str:
 
 
 # -- validation ----------------------------------------------------------------------------
-def check_row(row: object, *, agents: Optional[Collection[str]] = None, need_agent_ref: bool = True) -> list[str]:
-    """What is wrong with one decoded row (empty when nothing), phrased for a person."""
+RowTypeOf = Callable[[str], Optional[type]]
+
+
+def row_types(agent_envs: Optional[Mapping[str, str]] = None) -> RowTypeOf:
+    """agent name -> the Row type of the environment serving it (configured agents through
+    `agent_envs`, else the environment of that name); None for agents without one (`noop`).
+    Each environment class is looked up once."""
+    from envs.sdk import available_envs
+
+    envs = available_envs()
+    found: dict[str, Optional[type]] = {}
+
+    def of(agent: str) -> Optional[type]:
+        if agent not in found:
+            env = (agent_envs or {}).get(agent, agent)
+            found[agent] = getattr(envs[env].load(), "row_type", None) if env in envs else None
+        return found[agent]
+    return of
+
+
+def check_row(row: object, *, agents: Optional[Collection[str]] = None, need_agent_ref: bool = True,
+              row_type_of: Optional[RowTypeOf] = None) -> list[str]:
+    """What is wrong with one decoded row (empty when nothing), phrased for a person. With
+    `row_type_of`, the row is also checked against its agent's environment's Row type."""
     if not isinstance(row, dict):
         return [f"a row must be a JSON object, not {type(row).__name__}"]
     problems = []
@@ -110,7 +132,21 @@ def check_row(row: object, *, agents: Optional[Collection[str]] = None, need_age
         problems.append(f"`agent_ref.type` must be {AGENT_TYPE!r}, not {ref.get('type')!r}")
     elif agents is not None and ref["name"] not in agents:
         problems.append(f"unknown agent_ref name {ref['name']!r}; known: {', '.join(sorted(agents)) or 'none'}")
+    elif row_type_of is not None and not problems:
+        problems += _check_type(row, row_type_of(ref["name"]))
     return problems
+
+
+def _check_type(row: dict, row_type: Optional[type]) -> list[str]:
+    from envs.sdk import RowError, parse_row
+
+    if row_type is None:
+        return []
+    try:
+        parse_row(row, row_type)
+    except RowError as exc:
+        return [str(exc)]
+    return []
 
 
 def _check_input(items: object) -> list[str]:
@@ -204,7 +240,7 @@ def run_generate(env_name: str, size: int, seed: int, output: str | Path, *, age
     Every row is routed to `agent` (default: the environment's name); any agent_ref the
     generator wrote is replaced, so `--agent weather` retargets a whole file.
     """
-    from envs.base import load_env
+    from envs.sdk import load_env
 
     if size < 0:
         raise DataError(f"size must be >= 0, got {size}")
@@ -217,7 +253,7 @@ def run_generate(env_name: str, size: int, seed: int, output: str | Path, *, age
     with atomic_output(output) as f:
         for i, row in enumerate(rows, 1):
             row = {**row, "agent_ref": dict(ref)}
-            problems = check_row(row)
+            problems = check_row(row) or _check_type(row, env.row_type)
             if problems:
                 raise DataError(f"environment {env_name} generated an invalid row",
                                 [RowError(i, p) for p in problems])
@@ -229,13 +265,14 @@ def run_generate(env_name: str, size: int, seed: int, output: str | Path, *, age
 
 def run_prepare(path: str | Path, agent: Optional[str] = None, output: Optional[str | Path] = None, *,
                 strict: bool = True, agents: Optional[Collection[str]] = None,
-                replace_agent: bool = False) -> Summary:
+                replace_agent: bool = False, row_type_of: Optional[RowTypeOf] = None) -> Summary:
     """Validate every row of a JSONL file and write it back ready for the farm.
 
     A row without `agent_ref` gets {type: responses_api_agents, name: agent}; with
     `replace_agent`, every row is retargeted to `agent` (e.g. rows exported by NeMo Gym
     for `math_with_judge_simple_agent`, served here by `math`). `agents`, when given, is
-    the set of names an agent_ref may use. Rows are otherwise written unchanged.
+    the set of names an agent_ref may use; `row_type_of` (see row_types) checks each row
+    against its environment's Row. Rows are otherwise written unchanged.
 
     strict (default): any invalid row raises DataError listing the bad lines, and the
     output is not touched. Not strict: invalid rows are dropped and listed in the summary.
@@ -259,7 +296,7 @@ def run_prepare(path: str | Path, agent: Optional[str] = None, output: Optional[
                 if isinstance(row, dict) and agent and (replace_agent or row.get("agent_ref") is None):
                     summary.agent_refs_added += row.get("agent_ref") is None
                     row = {**row, "agent_ref": {"type": AGENT_TYPE, "name": agent}}
-                problems = check_row(row, agents=agents)
+                problems = check_row(row, agents=agents, row_type_of=row_type_of)
             if problems:
                 n_errors += 1
                 if len(errors) < MAX_REPORTED:

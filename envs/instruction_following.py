@@ -26,8 +26,8 @@ from __future__ import annotations
 import random
 from typing import Any, Optional
 
-from envs.base import AgentSettings, Environment, Transcript, Verdict
 from envs.ifeval_checks import GENERATABLE, REGISTRY, Instruction, InstructionError, check_instruction
+from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
 
 GRADING_MODES = ("binary", "fraction")
 
@@ -59,9 +59,22 @@ TOPICS = [
 ]
 
 
+class IFRow(Row):
+    """An IFEval row: the verifier's fields at the top level (NeMo Gym's legacy layout) or under
+    `verifier_metadata` (its newer one, whose values win)."""
+
+    instruction_id_list: Optional[list[str]] = None
+    kwargs: Optional[list[Optional[dict[str, Any]]]] = None
+    prompt: Optional[str] = None
+    grading_mode: Optional[str] = None
+    verifier_metadata: Optional[dict[str, Any]] = None
+    id: Any = None
+
+
 class InstructionFollowing(Environment):
     name = "instruction_following"
     agent = AgentSettings(loop="single_turn", max_steps=1)
+    row_type = IFRow
 
     def __init__(self, grading: str = "binary", min_instructions: int = 1, max_instructions: int = 3):
         if grading not in GRADING_MODES:
@@ -72,19 +85,19 @@ class InstructionFollowing(Environment):
         self.min_instructions = min_instructions
         self.max_instructions = max_instructions
 
-    async def verify(self, row: dict, state: Any, transcript: Transcript) -> Verdict:
+    async def verify(self, row: IFRow, state: Any, transcript: Transcript) -> Verdict:
         return grade(row, transcript.final_text, self.grading)
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         return generate(size, seed, self.min_instructions, self.max_instructions)
 
 
-def row_fields(row: dict) -> dict:
+def row_fields(row: IFRow) -> dict:
     """The verifier's fields, from `verifier_metadata` first, then the row's top level."""
-    fields = dict(row.get("verifier_metadata") or {})
+    fields = dict(row.verifier_metadata or {})
     for key in ("instruction_id_list", "kwargs", "prompt", "grading_mode"):
-        if key not in fields and key in row:
-            fields[key] = row[key]
+        if key not in fields and getattr(row, key) is not None:
+            fields[key] = getattr(row, key)
     ids = fields.get("instruction_id_list")
     if not isinstance(ids, list) or not ids:
         raise InstructionError("row has no `instruction_id_list` (a non-empty list of instruction ids)")
@@ -97,7 +110,7 @@ def row_fields(row: dict) -> dict:
     return fields
 
 
-def grade(row: dict, response: str, default_grading: str = "binary") -> Verdict:
+def grade(row: IFRow, response: str, default_grading: str = "binary") -> Verdict:
     """Check every instruction of `row` against `response`; raise when one cannot be checked."""
     fields = row_fields(row)
     grading = fields.get("grading_mode") or default_grading
@@ -157,4 +170,4 @@ def generate(size: int, seed: int = 0, min_instructions: int = 1, max_instructio
     return rows
 
 
-__all__ = ["InstructionFollowing", "InstructionError", "REGISTRY", "generate", "grade", "row_fields"]
+__all__ = ["IFRow", "InstructionFollowing", "InstructionError", "REGISTRY", "generate", "grade", "row_fields"]

@@ -27,13 +27,20 @@ import random
 from dataclasses import dataclass
 from fractions import Fraction
 from math import gcd, lcm
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import httpx
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from envs.base import AgentSettings, Environment, Transcript, Verdict
 from envs.cpu import CpuPool
+from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
+
+
+class MathRow(Row):
+    """A math row: the answer to compare with (LaTeX or a number) and, for the judge, the question."""
+
+    expected_answer: Union[str, int, float]
+    question: Optional[str] = None
 
 PROMPT = "Solve the following math problem. Put the final answer (and only the answer) inside \\boxed{{}}.\n\n{question}"
 
@@ -165,6 +172,7 @@ class Judge:
 class Math(Environment):
     name = "math"
     agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=120.0)   # judge included
+    row_type = MathRow
     compare = staticmethod(compare)     # the library comparison; any module-level function can stand in
 
     def __init__(self, judge_url: Optional[str] = None, judge_model: Optional[str] = None, *,
@@ -177,15 +185,18 @@ class Math(Environment):
         self.library_timeout_s = library_timeout_s
         self.pool = CpuPool()
 
-    async def verify(self, row: dict, state: Any, transcript: Transcript) -> Verdict:
-        expected = str(row["expected_answer"])
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    async def verify(self, row: MathRow, state: Any, transcript: Transcript) -> Verdict:
+        expected = str(row.expected_answer)
         boxed = last_boxed(transcript.final_text)
         library = await self.pool.run(self.compare, expected, boxed, timeout_s=self.library_timeout_s)
         components = {"library": float(library)}
         metrics: dict[str, Any] = {"has_boxed": boxed is not None, "extracted_answer": boxed}
         correct = library
         if not library and self.judge is not None and transcript.final_text.strip():
-            question = row.get("question") or _last_user_text(row)
+            question = row.question or _last_user_text(row.responses_create_params.input)
             correct, verdicts = await self.judge.equivalent(question, expected, boxed or transcript.final_text)
             components["judge"] = float(correct)
             metrics["judge_verdicts"] = verdicts
@@ -195,8 +206,7 @@ class Math(Environment):
         return generate(size, seed)
 
 
-def _last_user_text(row: dict) -> str:
-    messages = row.get("responses_create_params", {}).get("input", [])
+def _last_user_text(messages: Any) -> str:
     if isinstance(messages, str):
         return messages
     users = [m.get("content", "") for m in messages if isinstance(m, dict) and m.get("role") == "user"]

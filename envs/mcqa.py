@@ -26,7 +26,7 @@ import re
 import uuid
 from typing import Any, Optional
 
-from envs.base import AgentSettings, Environment, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
 
 MODES = ("strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon")
 LETTERS = "ABCDEFGHIJ"
@@ -135,16 +135,27 @@ GRADERS = {"strict_single_letter_boxed": strict_boxed, "lenient_boxed": lenient_
            "lenient_answer_colon": answer_colon}
 
 
-def grade(text: str, row: dict) -> tuple[Optional[str], str]:
-    """(the letter picked or None, how it was found); raises ValueError on a malformed row."""
-    options = options_map(row.get("options"))
-    expected = str(row.get("expected_answer") or "").strip().upper()
-    if expected not in options:
-        raise ValueError(f"expected_answer {row.get('expected_answer')!r} is not one of the options {sorted(options)}")
-    mode = row.get("grading_mode") or MODES[0]
-    if mode not in GRADERS:
-        raise ValueError(f"unknown grading_mode {mode!r}; known: {', '.join(MODES)}")
-    regex = (row.get("template_metadata") or {}).get("output_regex")
+class MCQARow(Row):
+    """An mcqa row as NeMo Gym lays it out: one-key option dicts, the right letter, how to grade."""
+
+    options: Optional[list[dict[str, Any]]] = None
+    expected_answer: str = ""
+    grading_mode: Optional[str] = None
+    template_metadata: Optional[dict[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        letters = options_map(self.options)
+        if self.expected_answer.strip().upper() not in letters:
+            raise ValueError(f"expected_answer {self.expected_answer!r} is not one of the options {sorted(letters)}")
+        if self.grading_mode is not None and self.grading_mode not in GRADERS:
+            raise ValueError(f"unknown grading_mode {self.grading_mode!r}; known: {', '.join(MODES)}")
+
+
+def grade(text: str, row: MCQARow) -> tuple[Optional[str], str]:
+    """(the letter picked or None, how it was found); raises ValueError on a malformed output_regex."""
+    options = options_map(row.options)
+    mode = row.grading_mode or MODES[0]
+    regex = (row.template_metadata or {}).get("output_regex")
     if regex:
         letter = custom_regex(text, regex, options)
         if letter is not None:
@@ -155,6 +166,7 @@ def grade(text: str, row: dict) -> tuple[Optional[str], str]:
 class MCQA(Environment):
     name = "mcqa"
     agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=10.0)
+    row_type = MCQARow
 
     def __init__(self, grading_mode: Optional[str] = None):
         """`grading_mode` fixes the mode of generated rows; by default they mix all modes and templates."""
@@ -162,9 +174,9 @@ class MCQA(Environment):
             raise ValueError(f"unknown grading_mode {grading_mode!r}; known: {', '.join(MODES)}")
         self.grading_mode = grading_mode
 
-    async def verify(self, row: dict, state: Any, transcript: Transcript) -> Verdict:
+    async def verify(self, row: MCQARow, state: Any, transcript: Transcript) -> Verdict:
         letter, how = grade(transcript.final_text, row)
-        correct = letter is not None and letter == str(row["expected_answer"]).strip().upper()
+        correct = letter is not None and letter == row.expected_answer.strip().upper()
         return Verdict(reward=float(correct), components={"correct": float(correct)},
                        metrics={"extracted_answer": letter, "graded_by": how, "answered": letter is not None})
 

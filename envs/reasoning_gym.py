@@ -22,8 +22,22 @@ import json
 import re
 from typing import Any, Optional, Union
 
-from envs.base import AgentSettings, Environment, Transcript, Verdict
 from envs.cpu import CpuPool
+from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
+
+
+class ReasoningRow(Row):
+    """A reasoning-gym entry as NeMo Gym lays it out; `metadata.source_dataset` names the task."""
+
+    metadata: dict[str, Any]
+    question: str = ""
+    answer: Any = None
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        task = self.metadata.get("source_dataset")
+        if not isinstance(task, str) or not task:
+            raise ValueError("metadata.source_dataset (the reasoning-gym task name) is missing")
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
 
@@ -69,6 +83,7 @@ def _reject(obj: Any) -> Any:
 class ReasoningGym(Environment):
     name = "reasoning_gym"
     agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=60.0)
+    row_type = ReasoningRow
 
     def __init__(self, task: str = "mini_sudoku", tasks: Union[dict[str, float], list[str], None] = None,
                  config: Optional[dict] = None, score_timeout_s: float = 20.0):
@@ -82,13 +97,13 @@ class ReasoningGym(Environment):
         self.score_timeout_s = score_timeout_s
         self.pool = CpuPool()
 
-    async def verify(self, row: dict, state: Any, transcript: Transcript) -> Verdict:
-        metadata = row.get("metadata")
-        if not isinstance(metadata, dict) or not metadata.get("source_dataset"):
-            raise ValueError("row lacks metadata.source_dataset (the reasoning-gym task name)")
-        task = metadata["source_dataset"]
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    async def verify(self, row: ReasoningRow, state: Any, transcript: Transcript) -> Verdict:
+        task = row.metadata["source_dataset"]
         answer, source = extract(transcript.final_text)
-        entry = {"question": row.get("question", ""), "answer": row.get("answer"), "metadata": metadata}
+        entry = {"question": row.question, "answer": row.answer, "metadata": row.metadata}
         value = await self.pool.run(score, task, answer, entry, timeout_s=self.score_timeout_s)
         return Verdict(reward=value, components={"score": value},
                        metrics={"task": task, "answer_from": source, "answer_tag": float(source == "answer_tag")})

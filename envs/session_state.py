@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from envs.base import AgentSettings, Environment, Tool, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Row, Toolset, Transcript, Verdict
 
 SYSTEM = ("You keep a counter through tools. Call increment_counter to add to it and get_counter_value to "
           "read it, then answer with the final value.")
@@ -35,37 +35,37 @@ class Counter:
     reads: int = 0
 
 
-def _integer(name: str, value: object) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise TypeError(f"{name} must be an integer, got {value!r}")
+TOOLS = Toolset()
 
 
+class CounterRow(Row):
+    """A session_state row: the counter's start and the value the tools must leave it at."""
+
+    expected_count: int
+    initial_count: int = 0
+
+
+@TOOLS.tool
 async def increment_counter(state: Counter, count: Optional[int] = None, amount: Optional[int] = None) -> dict:
+    """Add an integer to the counter (default 1).
+
+    Args:
+        count: How much to add.
+        amount: How much to add (another name for count).
+    """
     if count is not None and amount is not None:
         raise TypeError("give either count or amount, not both")
     step = count if count is not None else amount
-    step = 1 if step is None else _integer("count", step)
-    state.value += step
+    state.value += 1 if step is None else step
     state.increments += 1
     return {"success": True}
 
 
+@TOOLS.tool
 async def get_counter_value(state: Counter) -> dict:
+    """Read the counter's current value."""
     state.reads += 1
     return {"count": state.value}
-
-
-TOOLS = [
-    Tool("increment_counter", "Add an integer to the counter (default 1).",
-         {"type": "object", "properties": {"count": {"type": "integer", "description": "How much to add"}},
-          "required": []},
-         increment_counter),
-    Tool("get_counter_value", "Read the counter's current value.",
-         {"type": "object", "properties": {}, "required": []}, get_counter_value),
-]
 
 
 def _last_integer(text: str) -> Optional[int]:
@@ -76,17 +76,14 @@ def _last_integer(text: str) -> Optional[int]:
 class SessionState(Environment):
     name = "session_state"
     agent = AgentSettings(loop="tool_use", max_steps=6, sampling={"max_tokens": 128})
+    row_type = CounterRow
+    toolset = TOOLS
 
-    def tools(self) -> list[Tool]:
-        return list(TOOLS)
+    def new_state(self, row: CounterRow) -> Counter:
+        return Counter(value=row.initial_count)
 
-    def new_state(self, row: dict) -> Counter:
-        return Counter(value=_integer("initial_count", row.get("initial_count", 0)))
-
-    async def verify(self, row: dict, state: Counter, transcript: Transcript) -> Verdict:
-        if "expected_count" not in row:
-            raise ValueError("row lacks `expected_count`")
-        expected = _integer("expected_count", row["expected_count"])
+    async def verify(self, row: CounterRow, state: Counter, transcript: Transcript) -> Verdict:
+        expected = row.expected_count
         right = state.value == expected
         return Verdict(reward=1.0 if right else 0.0,
                        components={"called_tool": float(state.increments + state.reads > 0),
@@ -100,8 +97,7 @@ class SessionState(Environment):
 
 def generate(size: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
-    tools = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
-             for t in TOOLS]
+    tools = [t.response_schema() for t in TOOLS]
     rows = []
     for _ in range(size):
         initial = rng.randint(0, 9)

@@ -12,14 +12,31 @@ from __future__ import annotations
 import hashlib
 import random
 
-from envs.base import AgentSettings, Environment, Tool, Transcript, Verdict
+from typing import Optional
+
+from envs.sdk import AgentSettings, Environment, Row, Toolset, Transcript, Verdict
 
 CITIES = ["Paris", "Tokyo", "Lagos", "Lima", "Oslo", "Cairo", "Sydney", "Toronto", "Mumbai", "Berlin"]
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "snowy"]
 SYSTEM = "You are a weather assistant. Use the get_weather tool to look up the weather before answering."
 
 
-async def get_weather(state, city: str) -> dict:
+TOOLS = Toolset()
+
+
+class WeatherRow(Row):
+    """A single_tool_call row; NeMo Gym's name no city, and calling get_weather is then enough."""
+
+    expected_city: Optional[str] = None
+
+
+@TOOLS.tool
+async def get_weather(state: list, city: str) -> dict:
+    """Get the current weather for a city.
+
+    Args:
+        city: City name
+    """
     h = int(hashlib.sha256(city.strip().lower().encode()).hexdigest(), 16)
     state.append(city)
     return {"city": city, "temperature_c": h % 35 - 5, "conditions": CONDITIONS[h % len(CONDITIONS)]}
@@ -28,23 +45,18 @@ async def get_weather(state, city: str) -> dict:
 class SingleToolCall(Environment):
     name = "single_tool_call"
     agent = AgentSettings(loop="tool_use", max_steps=3, sampling={"max_tokens": 96})
+    row_type = WeatherRow
+    toolset = TOOLS
 
-    def tools(self) -> list[Tool]:
-        return [Tool("get_weather", "Get the current weather for a city.",
-                     {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
-                      "required": ["city"]}, get_weather)]
-
-    def new_state(self, row: dict) -> list:
+    def new_state(self, row: WeatherRow) -> list:
         return []  # the cities looked up, in order
 
-    async def verify(self, row: dict, state: list, transcript: Transcript) -> Verdict:
-        expected = row.get("expected_city")
+    async def verify(self, row: WeatherRow, state: list, transcript: Transcript) -> Verdict:
+        expected = row.expected_city
         called = bool(state)
         if expected is None:
             return Verdict(reward=float(called), components={"called_tool": float(called)},
                            metrics={"lookups": len(state)})
-        if not isinstance(expected, str):
-            raise TypeError(f"expected_city must be a string, got {expected!r}")
         right = any(c.strip().lower() == expected.strip().lower() for c in state)
         return Verdict(reward=1.0 if right else 0.0,
                        components={"called_tool": float(called), "right_city": float(right)},

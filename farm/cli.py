@@ -376,9 +376,11 @@ def data_prepare(g: Globals, path, agent, replace_agent, output, lenient, no_che
 
     from workers.agent import known_agents
 
-    agents = None if no_check_agents else known_agents(g.settings())
+    settings = g.settings()
+    agents = None if no_check_agents else known_agents(settings)
+    types = None if no_check_agents else data_mod.row_types({n: a.env for n, a in settings.agents.items()})
     data_mod.run_prepare(path, agent=agent, output=output, strict=not lenient, agents=agents,
-                         replace_agent=replace_agent)
+                         replace_agent=replace_agent, row_type_of=types)
     return 0
 
 

@@ -27,6 +27,11 @@ exception, or a timeout) into a `failed` Rollout with the reason, after bounded 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from farm.schema import ErrorKind
+
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_TRANSPORT, EXIT_AUTH, EXIT_UNKNOWN_AGENT = 0, 1, 2, 3, 4, 5
 EXIT_INTERRUPTED = 130
@@ -101,8 +106,10 @@ class RolloutFailure(FarmError):
     (on any worker) might succeed, e.g. a policy server that was down.
     """
 
-    def __init__(self, kind: str, message: str, *, retryable: bool = False):
+    def __init__(self, kind: ErrorKind | str, message: str, *, retryable: bool = False):
+        from farm.schema import ErrorKind
+
         super().__init__(message)
-        self.kind = kind
+        self.kind = ErrorKind(kind)       # ValueError for a kind that is not one of ErrorKind
         self.message = message
         self.retryable = retryable

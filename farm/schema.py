@@ -174,7 +174,7 @@ class TokenTrace(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class RolloutError(msgspec.Struct, forbid_unknown_fields=True):
-    kind: str
+    kind: ErrorKind          # one enum for the worker, the client, the producer and the dashboard
     message: str
 
 
@@ -223,7 +223,7 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     @classmethod
     def failure(cls, task: Task, kind: str, message: str, **fields: Any) -> "Rollout":
-        return cls.for_task(task, status=Status.failed, error=RolloutError(kind=str(kind), message=message),
+        return cls.for_task(task, status=Status.failed, error=RolloutError(kind=ErrorKind(kind), message=message),
                             **fields)
 
     @property
@@ -330,7 +330,7 @@ def salvaged_failure(info: dict[str, Any], kind: str, message: str, **fields: An
         return Rollout(task_id=str(info["task_id"]), run_id=str(info["run_id"]), group_id=str(info.get("group_id", "")),
                        sample_index=int(info.get("sample_index", 0)),
                        agent_ref=AgentRef(name=str(ref["name"]), type=str(ref.get("type", "responses_api_agents"))),
-                       status=Status.failed, error=RolloutError(kind=str(kind), message=message),
+                       status=Status.failed, error=RolloutError(kind=ErrorKind(kind), message=message),
                        finished_at=time.time(), **fields)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None

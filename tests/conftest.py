@@ -297,3 +297,11 @@ def vllm(model_dir, tmp_path_factory):
                 os.environ[k] = v
     yield server
     server.stop()
+
+
+def as_row(env, row):
+    """`row` (a dict of ground truth, with or without a prompt) as the environment's typed Row,
+    the way the worker hands it to `new_state` and `verify`."""
+    if not isinstance(row, dict):
+        return row
+    return env.check_row({"responses_create_params": {"input": "question"}, **row})

@@ -19,12 +19,12 @@ def lint() -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     out = lint()
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 kept, 0 broken" in out.stdout
+    assert "5 kept, 0 broken" in out.stdout
 
 
 def broken_by(package: str, line: str) -> str:
     """lint-imports' report with a probe module holding `line` added to `package`; it must fail."""
-    probe = ROOT / package / f"_probe_{uuid.uuid4().hex[:8]}.py"
+    probe = ROOT / package / f"_probe_{uuid.uuid4().hex[:8]}.py"   # package: a directory under the root
     probe.write_text(line + "  # noqa: F401\n")
     try:
         out = lint()
@@ -41,3 +41,13 @@ def test_an_upward_import_breaks_the_core_contract():
 
 def test_an_environment_importing_a_worker_breaks_its_contract():
     assert "envs.PROBE -> workers.agent" in broken_by("envs", "from workers.agent import available_agents")
+
+
+def test_an_environment_reaching_past_the_sdk_breaks_its_contract():
+    """Environments take what they need of the farm from envs.sdk, not from the core's modules."""
+    assert "envs.workplace.PROBE -> farm.settings" in broken_by("envs/workplace", "from farm.settings import Settings")
+
+
+def test_the_sdk_importing_an_environment_breaks_its_contract():
+    assert "envs.sdk.PROBE -> envs.math" in broken_by("envs/sdk", "import envs.math")
+

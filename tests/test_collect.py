@@ -355,7 +355,7 @@ def test_output_loads_with_datasets(tmp_path, settings, worker):
 @pytest.mark.vllm
 def test_embedded_collects_two_environments_against_real_vllm(tmp_path, settings, vllm, model_dir):
     """The README's main command in small: two environments, embedded worker pools, real vLLM."""
-    from envs.base import load_env
+    from envs.sdk import load_env
 
     rows = load_env("single_tool_call").generate(2, seed=1) + load_env("mcqa").generate(2, seed=1)
     inp = write_rows(tmp_path / "rows.jsonl", rows)

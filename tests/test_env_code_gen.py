@@ -10,7 +10,7 @@ import random
 import pytest
 import yaml
 
-from envs.base import Transcript
+from envs.sdk import Transcript
 from envs.code_gen import FAMILIES, CodeGen, extract_code, generate, make_row, reference_solution
 from farm.schema import Sampling
 
@@ -56,7 +56,7 @@ def test_extracts_the_last_python_block():
 async def test_every_shipped_reference_solution_gets_full_reward(env):
     rng = random.Random(3)
     rows = [make_row(f, rng) for f in FAMILIES]
-    verdicts = await asyncio.gather(*[env.verify(r, None, answer(reference_solution(r))) for r in rows])
+    verdicts = await asyncio.gather(*[env.score(r, None, answer(reference_solution(r))) for r in rows])
     for row, v in zip(rows, verdicts):
         assert v.reward == 1.0, (row["problem"], v)
         assert v.components == {"has_code": 1.0, "pass_fraction": 1.0, "all_passed": 1.0}
@@ -66,7 +66,7 @@ async def test_every_shipped_reference_solution_gets_full_reward(env):
 async def test_wrong_solutions_get_nothing(env):
     rows = generate(3, seed=11)
     wrong = [f"def {r['verifier_metadata']['unit_tests']['fn_name']}(*args):\n    return 'nope'\n" for r in rows]
-    verdicts = await asyncio.gather(*[env.verify(r, None, answer(w)) for r, w in zip(rows, wrong)])
+    verdicts = await asyncio.gather(*[env.score(r, None, answer(w)) for r, w in zip(rows, wrong)])
     assert [v.reward for v in verdicts] == [0.0, 0.0, 0.0]
     assert all(v.metrics["reason"] == "ok" and v.metrics["passed"] == 0 for v in verdicts)
 
@@ -80,13 +80,13 @@ async def test_partial_solutions_get_the_fraction_or_nothing_when_all_is_require
     row = next(r for r in (make_row(clamp, random.Random(s)) for s in range(100)) if 0 < right(r) < 6)
     lo, expected_right = row["problem"]["params"]["lo"], right(row)
     half = f"def clamp(x):\n    return max({lo}, x)\n"   # forgets the upper bound
-    v = await env.verify(row, None, answer(half))
+    v = await env.score(row, None, answer(half))
     assert v.reward == pytest.approx(expected_right / 6) and v.metrics["passed"] == expected_right
     strict = CodeGen(reward="all", redis_url=redis_url, queue=queue, start_sandbox_worker=False, wall_s=3.0)
     strict._client = env.client   # share the running sandbox workers
-    v = await strict.verify(row, None, answer(half))
+    v = await strict.score(row, None, answer(half))
     assert v.reward == 0.0 and v.metrics["passed"] == expected_right
-    assert (await strict.verify(row, None, answer(reference_solution(row)))).reward == 1.0
+    assert (await strict.score(row, None, answer(reference_solution(row)))).reward == 1.0
 
 
 async def test_fraction_rewards_several_partial_answers(env):
@@ -94,7 +94,7 @@ async def test_fraction_rewards_several_partial_answers(env):
     tests = row["verifier_metadata"]["unit_tests"]
     truth = [json.loads(o) for o in tests["outputs"]]
     for guess, code in [(False, "def is_prime(n):\n    return False\n"), (True, "def is_prime(n):\n    return True\n")]:
-        v = await env.verify(row, None, answer(code))
+        v = await env.score(row, None, answer(code))
         assert v.reward == pytest.approx(sum(t == guess for t in truth) / len(truth))
 
 
@@ -104,11 +104,11 @@ async def test_programs_that_time_out_or_do_not_load_score_zero_with_a_reason(en
     cases = {"timeout": f"def {fn}(*a):\n    while True:\n        pass\n",
              "memory": f"x = bytearray(16 * 1024**3)\ndef {fn}(*a):\n    return 0\n",
              "error": f"def {fn}(*a) return 0\n"}
-    verdicts = await asyncio.gather(*[env.verify(row, None, answer(code)) for code in cases.values()])
+    verdicts = await asyncio.gather(*[env.score(row, None, answer(code)) for code in cases.values()])
     for reason, v in zip(cases, verdicts):
         assert v.reward == 0.0 and v.metrics["reason"] == reason, (reason, v)
         assert v.metrics["failure_kind"] == reason
-    v = await env.verify(row, None, Transcript(final_text="I think it is 42.", output=[], tool_calls=[]))
+    v = await env.score(row, None, Transcript(final_text="I think it is 42.", output=[], tool_calls=[]))
     assert v.reward == 0.0 and v.metrics["reason"] == "no_code" and v.components["has_code"] == 0.0
 
 
@@ -120,7 +120,7 @@ async def test_by_default_the_sandbox_queue_is_a_password_protected_redis_of_its
     env = CodeGen(wall_s=3.0)
     row = generate(1, seed=5)[0]
     try:
-        v = await env.verify(row, None, answer(reference_solution(row)))
+        v = await env.score(row, None, answer(reference_solution(row)))
         assert v.reward == 1.0
         url = env.client.redis_url
         assert ":6379" not in url and "@127.0.0.1:" in url and len(url.split("@")[0]) > 20
@@ -137,10 +137,10 @@ async def test_a_broken_sandbox_is_a_sandbox_error_failure_not_a_zero(redis_url,
     env = CodeGen(redis_url=redis_url, queue=queue, start_sandbox_worker=False, wall_s=0.5, sandbox_wait_s=0.5)
     row = generate(1, seed=0)[0]
     with pytest.raises(RolloutFailure) as failure:
-        await env.verify(row, None, answer(reference_solution(row)))
+        await env.score(row, None, answer(reference_solution(row)))
     assert failure.value.kind == "sandbox_error" and "no sandbox result" in failure.value.message
     with pytest.raises(ValueError):
-        await env.verify({"responses_create_params": {}}, None, answer("x = 1\n"))
+        await env.score({"responses_create_params": {}}, None, answer("x = 1\n"))
 
 
 @pytest.mark.vllm

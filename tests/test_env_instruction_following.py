@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from envs.base import Transcript
+from envs.sdk import Transcript
 from envs.ifeval_checks import (GENERATABLE, REGISTRY, InstructionError, check_instruction, guess_language,
                                 split_sentences)
 from envs.instruction_following import InstructionFollowing, generate, grade
@@ -151,7 +151,7 @@ ROW = {  # NeMo Gym's legacy layout: verifier fields at the top level, a null kw
 
 
 def verify(env, row, text):
-    return asyncio.run(env.verify(row, None, Transcript(final_text=text, output=[], tool_calls=[])))
+    return asyncio.run(env.score(row, None, Transcript(final_text=text, output=[], tool_calls=[])))
 
 
 def test_binary_and_fraction_grading():
@@ -189,7 +189,7 @@ def test_verifier_metadata_layout_wins_over_top_level_fields():
 
 def test_repeated_instruction_ids_get_distinct_components():
     row = {"instruction_id_list": ["keywords:existence", "keywords:existence"],
-           "kwargs": [{"keywords": ["sun"]}, {"keywords": ["moon"]}]}
+           "kwargs": [{"keywords": ["sun"]}, {"keywords": ["moon"]}], "responses_create_params": {"input": "Write."}}
     v = verify(InstructionFollowing(grading="fraction"), row, "The sun rose.")
     assert v.components == {"keywords:existence": 1.0, "keywords:existence#2": 0.0} and v.reward == 0.5
 
@@ -214,7 +214,7 @@ def test_generation_is_deterministic_by_seed_and_nemo_gym_shaped():
         assert row["id"] == i and row["agent_ref"] == {"type": "responses_api_agents", "name": "instruction_following"}
         assert row["responses_create_params"]["input"] == [{"role": "user", "content": row["prompt"]}]
         assert 1 <= len(row["instruction_id_list"]) <= 3 and len(row["kwargs"]) == len(row["instruction_id_list"])
-        grade(row, "")                     # every generated instruction is checkable (raises otherwise)
+        grade(InstructionFollowing().check_row(row), "")   # every generated instruction is checkable (raises otherwise)
         specs = [REGISTRY[i] for i in row["instruction_id_list"]]
         for x in range(len(specs)):        # no two instructions of one conflict group in a prompt
             for y in range(x + 1, len(specs)):
@@ -233,7 +233,7 @@ def test_repeat_prompt_asks_for_everything_before_it():
     assert row["instruction_id_list"][-1] == "combination:repeat_prompt"
     request = row["kwargs"][-1]["prompt_to_repeat"]
     assert row["prompt"].startswith(request)
-    assert grade(row, request + "\nHere is my answer.").components["combination:repeat_prompt"] == 1.0
+    assert grade(InstructionFollowing().check_row(row), request + "\nHere is my answer.").components["combination:repeat_prompt"] == 1.0
 
 
 @pytest.mark.vllm

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 import envs.math as math_env
-from envs.base import AgentSettings, Transcript
+from envs.sdk import RowError, AgentSettings, Transcript
 from envs.cpu import VerifierTimeout
 from envs.math import Judge, JudgeError, Math, generate, last_boxed
 from farm.errors import RolloutFailure
@@ -61,7 +61,7 @@ def test_generation_is_deterministic_by_seed():
 
 async def test_every_generated_answer_verifies_against_itself(env):
     rows = generate(12, seed=4)
-    verdicts = await asyncio.gather(*(env.verify(r, None, said(f"So \\boxed{{{r['expected_answer']}}}.")) for r in rows))
+    verdicts = await asyncio.gather(*(env.score(r, None, said(f"So \\boxed{{{r['expected_answer']}}}.")) for r in rows))
     assert [v.reward for v in verdicts] == [1.0] * len(rows)
 
 
@@ -75,7 +75,7 @@ async def test_every_generated_answer_verifies_against_itself(env):
     ("$12$", "first \\boxed{7}, no wait: \\boxed{12}"),
 ])
 async def test_known_correct_answers_get_full_reward(env, expected, answer):
-    v = await env.verify(row(expected), None, said(answer))
+    v = await env.score(row(expected), None, said(answer))
     assert v.reward == 1.0 and v.components == {"library": 1.0} and v.metrics["has_boxed"]
 
 
@@ -88,7 +88,7 @@ async def test_known_correct_answers_get_full_reward(env, expected, answer):
     ("7", ""),
 ])
 async def test_known_wrong_answers_get_none(env, expected, answer):
-    v = await env.verify(row(expected), None, said(answer))
+    v = await env.score(row(expected), None, said(answer))
     assert v.reward == 0.0 and v.components == {"library": 0.0}
 
 
@@ -99,9 +99,9 @@ def test_last_boxed_balances_braces():
 
 async def test_broken_expected_answer_raises_not_scores_zero(env):
     with pytest.raises(ValueError, match="does not parse"):
-        await env.verify(row("\\frac{"), None, said("\\boxed{5}"))
-    with pytest.raises(KeyError):
-        await env.verify({"question": "q"}, None, said("\\boxed{5}"))
+        await env.score(row("\\frac{"), None, said("\\boxed{5}"))
+    with pytest.raises(RowError, match="expected_answer"):
+        await env.score({"responses_create_params": {"input": "q"}, "question": "q"}, None, said("\\boxed{5}"))
 
 
 def sleepy_compare(expected, boxed):
@@ -114,10 +114,10 @@ async def test_a_hanging_comparison_is_killed_at_its_limit(make_math):
     e.compare = sleepy_compare
     t0 = time.monotonic()
     with pytest.raises(VerifierTimeout, match="ran past 1.0s"):
-        await e.verify(row("5"), None, said("\\boxed{5}"))
+        await e.score(row("5"), None, said("\\boxed{5}"))
     assert time.monotonic() - t0 < 10
     del e.compare                                   # back to math-verify, in the same (replenished) pool
-    assert (await e.verify(row("5"), None, said("\\boxed{5}"))).reward == 1.0
+    assert (await e.score(row("5"), None, said("\\boxed{5}"))).reward == 1.0
 
 
 # The judge is tested against httpx.MockTransport rather than a model: what matters is its logic
@@ -140,7 +140,7 @@ def scripted_judge(decide, calls: list) -> Judge:
 async def test_judge_counts_equal_only_when_both_orders_agree(make_math):
     calls: list = []
     agreeing = make_math(judge=scripted_judge(lambda a, b: "Same value. [[A=B]]", calls))
-    v = await agreeing.verify(row("\\frac{1}{2}", "Half of one?"), None, said("\\boxed{one half}"))
+    v = await agreeing.score(row("\\frac{1}{2}", "Half of one?"), None, said("\\boxed{one half}"))
     assert v.reward == 1.0 and v.components == {"library": 0.0, "judge": 1.0}
     assert v.metrics["judge_verdicts"] == ["equal", "equal"]
     first, second = (c["messages"][-1]["content"] for c in calls)
@@ -151,12 +151,12 @@ async def test_judge_counts_equal_only_when_both_orders_agree(make_math):
     # A judge biased to the expected answer's position agrees in one order only: not equal.
     calls.clear()
     biased = make_math(judge=scripted_judge(lambda a, b: "[[A=B]]" if a == "\\frac{1}{2}" else "[[A!=B]]", calls))
-    v = await biased.verify(row("\\frac{1}{2}"), None, said("\\boxed{one half}"))
+    v = await biased.score(row("\\frac{1}{2}"), None, said("\\boxed{one half}"))
     assert v.reward == 0.0 and v.metrics["judge_verdicts"] == ["equal", "different"] and len(calls) == 2
 
     # Said different first: the second order is not asked.
     calls.clear()
-    v = await make_math(judge=scripted_judge(lambda a, b: "[[A!=B]]", calls)).verify(row("3"), None, said("\\boxed{4}"))
+    v = await make_math(judge=scripted_judge(lambda a, b: "[[A!=B]]", calls)).score(row("3"), None, said("\\boxed{4}"))
     assert v.reward == 0.0 and v.metrics["judge_verdicts"] == ["different"] and len(calls) == 1
 
     # No label is not equal; the first label decides.
@@ -165,7 +165,7 @@ async def test_judge_counts_equal_only_when_both_orders_agree(make_math):
 
     # The library already said yes: the judge is never asked.
     calls.clear()
-    v = await make_math(judge=scripted_judge(lambda a, b: "[[A!=B]]", calls)).verify(row("2"), None, said("\\boxed{2}"))
+    v = await make_math(judge=scripted_judge(lambda a, b: "[[A!=B]]", calls)).score(row("2"), None, said("\\boxed{2}"))
     assert v.reward == 1.0 and v.components == {"library": 1.0} and calls == []
 
 
@@ -178,7 +178,7 @@ async def test_judge_failures_raise_after_bounded_retries(make_math):
 
     judge = Judge("http://judge.test/v1", "stub", transport=httpx.MockTransport(down), retries=2, backoff_s=0.01)
     with pytest.raises(JudgeError, match="failed 3 times, last: HTTP 503"):
-        await make_math(judge=judge).verify(row("3"), None, said("\\boxed{4}"))
+        await make_math(judge=judge).score(row("3"), None, said("\\boxed{4}"))
     assert len(seen) == 3 and str(seen[0]) == "http://judge.test/v1/chat/completions"
 
     bad = Judge("http://judge.test", "stub", transport=httpx.MockTransport(lambda r: httpx.Response(404, text="no model")))

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from envs.base import Transcript
+from envs.sdk import Transcript
 from envs.mcqa import LETTERS, MCQA, MODES, generate
 from farm.schema import Sampling
 
@@ -24,7 +24,7 @@ def row(mode="strict_single_letter_boxed", expected="B", **extra) -> dict:
 
 
 async def reward(r: dict, text: str) -> float:
-    return (await ENV.verify(r, None, said(text))).reward
+    return (await ENV.score(r, None, said(text))).reward
 
 
 def test_generation_is_deterministic_by_seed():
@@ -57,7 +57,7 @@ def test_generation_is_deterministic_by_seed():
     ("lenient_answer_colon", "Answer: A\nWait, I was wrong.\nAnswer: Lima"),
 ])
 async def test_known_correct_answers_get_full_reward(mode, text):
-    v = await ENV.verify(row(mode), None, said(text))
+    v = await ENV.score(row(mode), None, said(text))
     assert v.reward == 1.0 and v.components == {"correct": 1.0} and v.metrics["extracted_answer"] == "B"
 
 
@@ -75,7 +75,7 @@ async def test_known_correct_answers_get_full_reward(mode, text):
     ("lenient_answer_colon", ""),
 ])
 async def test_known_wrong_answers_get_none(mode, text):
-    v = await ENV.verify(row(mode), None, said(text))
+    v = await ENV.score(row(mode), None, said(text))
     assert v.reward == 0.0 and v.components == {"correct": 0.0}
 
 
@@ -98,7 +98,7 @@ async def test_template_regex_comes_first_and_falls_back_to_the_mode():
 ])
 async def test_malformed_rows_raise_instead_of_scoring_zero(bad, message):
     with pytest.raises(ValueError, match=message):
-        await ENV.verify({**row(), **bad}, None, said("\\boxed{B}"))
+        await ENV.score({**row(), **bad}, None, said("\\boxed{B}"))
 
 
 def answer_in_format(r: dict, letter: str) -> str:

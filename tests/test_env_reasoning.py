@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from envs.base import Transcript
+from envs.sdk import Transcript
 from envs.reasoning_gym import ReasoningGym, extract
 from farm.schema import Sampling
 
@@ -57,7 +57,7 @@ async def test_known_correct_answers_get_full_reward(task):
         for r in rows:
             for text in (f"Let me think.\n<answer>{r['answer']}</answer>", f"So the answer is \\boxed{{{r['answer']}}}",
                          r["answer"]):
-                v = await env.verify(r, None, said(text))
+                v = await env.score(r, None, said(text))
                 assert v.reward == 1.0 and v.components == {"score": 1.0} and v.metrics["task"] == task, text
     finally:
         env.pool.close()
@@ -68,17 +68,17 @@ async def test_known_wrong_answers_get_none(sudoku):
     grid = [line.split() for line in r["answer"].split("\n")]
     grid[0][0], grid[0][1] = grid[0][1], grid[0][0]          # two cells swapped: breaks the rows' rule
     swapped = "\n".join(" ".join(line) for line in grid)
-    partial = await sudoku.verify(r, None, said(f"<answer>{swapped}</answer>"))
+    partial = await sudoku.score(r, None, said(f"<answer>{swapped}</answer>"))
     assert 0.0 < partial.reward < 1.0                          # the task's own partial credit, kept as is
     for text in ("<answer>no idea</answer>", "I do not know.",
                  f"<answer>wrong</answer> even if the text later says \\boxed{{{r['answer']}}}", ""):
-        v = await sudoku.verify(r, None, said(text))
+        v = await sudoku.score(r, None, said(text))
         assert v.reward == 0.0, text
     arithmetic = ReasoningGym(task="basic_arithmetic")
     try:
         r = arithmetic.generate(1, seed=5)[0]
         for text in (f"<answer>{int(r['answer']) + 1}</answer>", "<answer></answer>", "\\boxed{x}"):
-            assert (await arithmetic.verify(r, None, said(text))).reward == 0.0, text
+            assert (await arithmetic.score(r, None, said(text))).reward == 0.0, text
     finally:
         arithmetic.pool.close()
 
@@ -86,9 +86,9 @@ async def test_known_wrong_answers_get_none(sudoku):
 async def test_rows_that_cannot_be_scored_raise(sudoku):
     r = sudoku.generate(1, seed=5)[0]
     with pytest.raises(ValueError, match="source_dataset"):
-        await sudoku.verify({**r, "metadata": {}}, None, said("<answer>1</answer>"))
+        await sudoku.score({**r, "metadata": {}}, None, said("<answer>1</answer>"))
     with pytest.raises(ValueError, match="not registered"):
-        await sudoku.verify({**r, "metadata": {**r["metadata"], "source_dataset": "no_such_task"}}, None, said("1"))
+        await sudoku.score({**r, "metadata": {**r["metadata"], "source_dataset": "no_such_task"}}, None, said("1"))
 
 
 @pytest.mark.slow

@@ -11,9 +11,10 @@ import re
 
 import pytest
 
-from envs.base import Transcript, load_env
+from envs.sdk import Transcript, load_env
 from envs.data import check_row
-from envs.session_state import Counter, SessionState, generate, get_counter_value, increment_counter
+from envs.sdk import RowError
+from envs.session_state import TOOLS, Counter, SessionState, generate, increment_counter
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
 from workers.agent import AgentContext
@@ -37,6 +38,11 @@ REFERENCE_ROW = {
 }
 
 
+def row(**fields):
+    """A typed row with the given ground truth (as the worker hands it to the environment)."""
+    return SessionState().check_row({"responses_create_params": {"input": "add"}, **fields})
+
+
 def verify(row, state, text=""):
     return asyncio.run(SessionState().verify(row, state, Transcript(final_text=text, output=[], tool_calls=[])))
 
@@ -48,29 +54,37 @@ def test_registered_under_its_entry_point():
 
 
 async def test_tools_change_the_counter_as_documented():
-    state = SessionState().new_state({"initial_count": 3})
-    assert await get_counter_value(state) == {"count": 3}
-    assert await increment_counter(state) == {"success": True}          # default 1
-    await increment_counter(state, count=4)                               # NeMo Gym's name
-    await increment_counter(state, amount=2)                              # accepted alias
-    await increment_counter(state, count=-5)
-    await increment_counter(state, count=2.0)                             # integral JSON number
-    assert await get_counter_value(state) == {"count": 7}
-    assert (state.value, state.increments, state.reads) == (7, 5, 2)
-    for bad in ({"count": "3"}, {"count": 1.5}, {"count": True}, {"count": 1, "amount": 1}):
+    state = SessionState().new_state(row(initial_count=3, expected_count=0))
+    add, get = TOOLS["increment_counter"], TOOLS["get_counter_value"]
+    assert await get(state, {}) == {"count": 3}
+    assert await add(state, {}) == {"success": True}                    # default 1
+    await add(state, {"count": 4})                                      # NeMo Gym's name
+    await add(state, {"amount": 2})                                     # accepted alias
+    await add(state, {"count": -5})
+    assert await get(state, {}) == {"count": 5}
+    assert (state.value, state.increments, state.reads) == (5, 4, 2)
+    for bad in ({"count": "3"}, {"count": 1.5}, {"count": True}, {"count": 1, "amount": 1}, {"step": 1}, ["count"]):
         with pytest.raises(TypeError):
-            await increment_counter(state, **bad)
-    assert state.value == 7, "a rejected call leaves the counter alone"
+            await add(state, bad)
+    assert state.value == 5, "a rejected call leaves the counter alone"
+
+
+def test_tool_schemas_come_from_the_signatures_and_docstrings():
+    add = TOOLS["increment_counter"].schema()["function"]
+    assert add["description"] == "Add an integer to the counter (default 1)."
+    assert add["parameters"] == {"type": "object", "required": [], "additionalProperties": False, "properties": {
+        "count": {"type": "integer", "description": "How much to add."},
+        "amount": {"type": "integer", "description": "How much to add (another name for count)."}}}
 
 
 def test_every_rollout_starts_from_a_fresh_counter():
     env = SessionState()
-    a, b = env.new_state({"initial_count": 5}), env.new_state({"initial_count": 5})
+    a, b = env.new_state(row(initial_count=5, expected_count=1)), env.new_state(row(initial_count=5, expected_count=1))
     asyncio.run(increment_counter(a, count=10))
     assert (a.value, b.value) == (15, 5)
-    assert env.new_state({}).value == 0
-    with pytest.raises(TypeError):
-        env.new_state({"initial_count": "five"})
+    assert env.new_state(row(expected_count=1)).value == 0
+    with pytest.raises(RowError, match="initial_count"):
+        row(initial_count="five", expected_count=1)
 
 
 @pytest.mark.parametrize("initial,adds,expected", [(0, [1], 1), (3, [1, 2], 6), (7, [9, 9, 9], 34), (2, [-2], 0)])
@@ -78,26 +92,26 @@ def test_full_reward_when_the_counter_holds_the_expected_count(initial, adds, ex
     state = Counter(value=initial)
     for a in adds:
         asyncio.run(increment_counter(state, count=a))
-    v = verify({"expected_count": expected}, state, text=f"The count is {expected}.")
+    v = verify(row(expected_count=expected), state, text=f"The count is {expected}.")
     assert v.reward == 1.0 and v.components == {"called_tool": 1.0, "right_count": 1.0}
     assert v.metrics["counter"] == expected and v.metrics["answered_count"] is True
 
 
 @pytest.mark.parametrize("value,expected", [(5, 6), (7, 6), (0, 1), (-1, 1), (60, 6)])
 def test_no_reward_for_a_wrong_count(value, expected):
-    v = verify({"expected_count": expected}, Counter(value=value, increments=1))
+    v = verify(row(expected_count=expected), Counter(value=value, increments=1))
     assert v.reward == 0.0 and v.components["right_count"] == 0.0
 
 
 def test_the_verifier_reads_the_counter_not_the_models_claim():
-    v = verify({"expected_count": 6}, Counter(value=3), text="I added 1 and 2; the count is 6.")
+    v = verify(row(expected_count=6), Counter(value=3), text="I added 1 and 2; the count is 6.")
     assert v.reward == 0.0 and v.components["called_tool"] == 0.0 and v.metrics["answered_count"] is False
 
 
-@pytest.mark.parametrize("row", [{}, {"expected_count": "six"}, {"expected_count": None}, {"expected_count": 6.5}])
-def test_a_row_without_a_usable_expected_count_is_an_error_not_a_zero(row):
-    with pytest.raises((ValueError, TypeError)):
-        verify(row, Counter(value=6))
+@pytest.mark.parametrize("fields", [{}, {"expected_count": "six"}, {"expected_count": None}, {"expected_count": 6.5}])
+def test_a_row_without_a_usable_expected_count_is_an_error_not_a_zero(fields):
+    with pytest.raises(RowError, match="expected_count"):
+        row(**fields)
 
 
 def test_generation_is_deterministic_and_consistent():
@@ -113,12 +127,13 @@ def test_generation_is_deterministic_and_consistent():
 
 def test_a_nemo_gym_row_scores_unchanged():
     env = SessionState()
-    state = env.new_state(REFERENCE_ROW)
+    reference = env.check_row(REFERENCE_ROW)
+    state = env.new_state(reference)
     assert state.value == 3
-    assert verify(REFERENCE_ROW, state).reward == 0.0
+    assert verify(reference, state).reward == 0.0
     asyncio.run(increment_counter(state, count=1))
     asyncio.run(increment_counter(state, count=2))
-    assert verify(REFERENCE_ROW, state).reward == 1.0
+    assert verify(reference, state).reward == 1.0
 
 
 @pytest.mark.parametrize("script,reward", [
@@ -142,13 +157,15 @@ async def test_the_agent_loop_with_a_scripted_policy(tokenizer, script, reward):
     assert kinds.count("function_call_output") == n_calls
 
 
-async def test_a_missing_expected_count_fails_the_rollout_as_a_verifier_error(tokenizer):
+async def test_a_missing_expected_count_fails_the_rollout_as_malformed_before_any_model_call(tokenizer):
     row = {k: v for k, v in REFERENCE_ROW.items() if k != "expected_count"}
-    agent = PolicyAgent(SessionState(), ScriptedPolicy(tokenizer, ["6"]), tokenizer)
+    policy = ScriptedPolicy(tokenizer, ["6"])
+    agent = PolicyAgent(SessionState(), policy, tokenizer)
     task = Task.new(run_id="s", agent="session_state", row=row, reply_to="x")
     with pytest.raises(RolloutFailure, match="expected_count") as info:
         await agent.run(task, AgentContext(worker_id="test", settings=None))
-    assert info.value.kind == "verifier"
+    assert info.value.kind == "malformed"
+    assert policy.turns == ["6"], "no model call is spent on a row that cannot be scored"
 
 
 @pytest.mark.slow

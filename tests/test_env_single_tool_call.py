@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
-from envs.base import Transcript, load_env
+from envs.sdk import RowError, Transcript, load_env
 from envs.data import check_row
 from envs.single_tool_call import SingleToolCall, generate, get_weather
 from farm.schema import Sampling
 
-from conftest import run_through_worker
+from conftest import as_row, run_through_worker
 
 # A row as NeMo Gym's example_single_tool_call data has it: the tool in the row, no ground truth.
 REFERENCE_ROW = {
@@ -27,12 +27,13 @@ REFERENCE_ROW = {
 
 
 def verify(row, looked_up):
-    return asyncio.run(SingleToolCall().verify(row, list(looked_up), Transcript(final_text="", output=[],
+    env = SingleToolCall()
+    return asyncio.run(env.verify(as_row(env, row), list(looked_up), Transcript(final_text="", output=[],
                                                                                tool_calls=[])))
 
 
 async def test_the_tool_answers_deterministically_and_records_the_city():
-    state = SingleToolCall().new_state({})
+    state = SingleToolCall().new_state(as_row(SingleToolCall(), {}))
     a = await get_weather(state, "Paris")
     b = await get_weather(state, " paris ")
     assert a["temperature_c"] == b["temperature_c"] and a["conditions"] == b["conditions"]
@@ -62,7 +63,7 @@ def test_a_nemo_gym_row_without_a_city_rewards_calling_the_tool():
 
 
 def test_a_malformed_expected_city_is_an_error_not_a_zero():
-    with pytest.raises(TypeError):
+    with pytest.raises(RowError, match="expected_city"):
         verify({"expected_city": ["Paris"]}, ["Paris"])
 
 

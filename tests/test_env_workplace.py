@@ -7,10 +7,13 @@ import json
 
 import pytest
 
-from envs.base import Transcript, load_env
-from envs.workplace_assistant import (BadGroundTruth, WorkplaceAssistant, generate, ground_truth_calls,
-                                      responses_tool)
-from envs.workplace_office import MUTATING, SPECS, ToolError, build_office, call, snapshot
+from envs.sdk import ToolArgumentError, Transcript, load_env
+from envs.workplace import BadGroundTruth, WorkplaceAssistant, generate
+from envs.workplace.office import ToolError, build_office, snapshot
+from envs.workplace.replay import ground_truth_calls
+from envs.workplace.tasks import responses_tool
+from envs.workplace.tools import MUTATING, call
+from envs.workplace.tools import TOOLS as OFFICE_TOOLS
 from farm.schema import Sampling
 
 from conftest import ScriptedPolicy, hermes, run_through_worker
@@ -20,8 +23,8 @@ TOOLS = {t.name: t for t in ENV.tools()}
 
 
 def run(office, tool_name, /, **arguments):
-    """Call a tool the way the agent loop does: the async Tool.fn over the rollout's state."""
-    return asyncio.run(TOOLS[tool_name].fn(office, **arguments))
+    """Call a tool the way the agent loop does: the Tool (arguments checked) over the rollout's state."""
+    return asyncio.run(TOOLS[tool_name](office, arguments))
 
 
 def first(table: dict) -> dict:
@@ -29,16 +32,18 @@ def first(table: dict) -> dict:
 
 
 def row_with(calls: list[tuple[str, dict]], seed: int = 7) -> dict:
-    return {"seed": seed, "ground_truth": [{"name": n, "arguments": json.dumps(a)} for n, a in calls]}
+    return {"responses_create_params": {"input": "Do it."}, "seed": seed,
+            "ground_truth": [{"name": n, "arguments": json.dumps(a)} for n, a in calls]}
 
 
 async def score(row: dict, calls: list[tuple[str, dict]], env=ENV):
     """Play `calls` as the model would (errors are results, not crashes), then verify."""
+    row = env.check_row(row)
     state = env.new_state(row)
     tools = {t.name: t for t in env.tools()}
     for name, args in calls:
         try:
-            await tools[name].fn(state, **args)
+            await tools[name](state, args)
         except (ToolError, TypeError):
             pass
     transcript = Transcript(final_text="Done.", output=[],
@@ -176,7 +181,7 @@ def test_directory_and_analytics():
     ("customer_relationship_manager_add_customer", {"customer_name": "A", "assigned_to_email": "ghost@atlas.com",
                                                     "status": "Lead"}, "not in the company directory"),
     ("customer_relationship_manager_add_customer", {"customer_name": "A", "assigned_to_email": "x@atlas.com",
-                                                    "status": "Lead", "age": 3}, "unknown field(s) age"),
+                                                    "status": "Lead", "age": 3}, "unknown argument `age`"),
     ("analytics_create_plot", {"time_min": "2023-10-01", "time_max": "2023-10-02", "value_to_plot": "sales",
                                "plot_type": "bar"}, "value_to_plot must be one of"),
     ("email_search_emails", {"query": "x", "page": 0}, "page and page_size must be >= 1"),
@@ -186,7 +191,7 @@ def test_directory_and_analytics():
 def test_invalid_arguments_give_clear_errors_and_change_nothing(name, arguments, message):
     o = build_office(7)
     before = snapshot(o)
-    with pytest.raises(ToolError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises((ToolError, ToolArgumentError), match=message.replace("(", r"\(").replace(")", r"\)")):
         run(o, name, **arguments)
     assert snapshot(o) == before
 
@@ -205,9 +210,9 @@ async def test_errors_reach_the_model_as_tool_results():
     out = await dispatch("calendar_delete_event", {"event_id": "99999999"}, state, metrics)
     assert out.startswith("Error:") and "no record with event_id '99999999'" in out
     out = await dispatch("email_send_email", {"to": "a@b.com", "subject": "s", "body": "b"}, state, metrics)
-    assert out.startswith("Error: bad arguments for email_send_email") and "'to'" in out
+    assert out.startswith("Error: bad arguments for email_send_email") and "unknown argument `to`" in out
     out = await dispatch("email_send_email", {"subject": "s", "body": "b"}, state, metrics)
-    assert "missing 1 required" in out and "recipient" in out
+    assert "missing required argument `recipient`" in out
     assert metrics["tool_errors"] == 3
     out = await dispatch("company_directory_find_email_address", {"name": state.user["name"]}, state, metrics)
     assert json.loads(out) == [state.user["email"]]
@@ -233,7 +238,7 @@ async def test_ground_truth_scores_one_for_every_generated_row():
                                              ("email", "calendar", "project_management",
                                               "customer_relationship_manager", "analytics")}
     for row in rows:
-        verdict = await score(row, ground_truth_calls(row))
+        verdict = await score(row, ground_truth_calls(row["ground_truth"]))
         assert verdict.reward == 1.0, row["responses_create_params"]["input"][1]["content"]
         assert verdict.metrics["rows_off"] == 0 and set(verdict.components.values()) == {1.0}
         assert (await score(row, [])).reward == 0.0          # doing nothing is not doing the task
@@ -291,15 +296,15 @@ async def test_verifier_replays_the_transcript_when_the_state_is_not_an_office()
     calls = _two_task_moves()
     row = row_with(calls)
     transcript = Transcript("", [], [{"name": n, "arguments": a} for n, a in calls])
-    assert (await ENV.verify(row, None, transcript)).reward == 1.0
-    assert (await ENV.verify(row, None, Transcript("", [], transcript.tool_calls[:1]))).reward == 0.0
+    assert (await ENV.score(row, None, transcript)).reward == 1.0
+    assert (await ENV.score(row, None, Transcript("", [], transcript.tool_calls[:1]))).reward == 0.0
 
 
 @pytest.mark.parametrize("truth", [None, "not json", [{"arguments": "{}"}],
                                    [{"name": "calendar_delete_event", "arguments": "{\"event_id\": \"99999999\"}"}],
                                    [{"name": "no_such_tool", "arguments": "{}"}]])
 async def test_a_broken_ground_truth_raises_instead_of_scoring_zero(truth):
-    row = {"seed": 7, "ground_truth": truth}
+    row = ENV.check_row({"responses_create_params": {"input": "Do it."}, "seed": 7, "ground_truth": truth})
     with pytest.raises(BadGroundTruth):
         await ENV.verify(row, ENV.new_state(row), Transcript("", [], []))
 
@@ -308,11 +313,11 @@ def test_nemo_gym_style_ground_truth_loads():
     """NeMo Gym rows carry `arguments` as a JSON string (also accepted: an object, or the whole list as a string)."""
     calls = [{"name": "customer_relationship_manager_update_customer",
               "arguments": "{\"customer_id\": \"00000005\", \"field\": \"assigned_to_email\", \"new_value\": \"x@atlas.com\"}"}]
-    parsed = ground_truth_calls({"ground_truth": calls})
+    parsed = ground_truth_calls(calls)
     assert parsed == [("customer_relationship_manager_update_customer",
                        {"customer_id": "00000005", "field": "assigned_to_email", "new_value": "x@atlas.com"})]
-    assert ground_truth_calls({"ground_truth": json.dumps(calls)}) == parsed
-    assert ground_truth_calls({"ground_truth": [{"name": calls[0]["name"], "arguments": parsed[0][1]}]}) == parsed
+    assert ground_truth_calls(json.dumps(calls)) == parsed
+    assert ground_truth_calls([{"name": calls[0]["name"], "arguments": parsed[0][1]}]) == parsed
 
 
 # ---- generation ----------------------------------------------------------------------------
@@ -332,7 +337,7 @@ def test_rows_are_nemo_gym_shaped():
         params = row["responses_create_params"]
         assert [m["role"] for m in params["input"]] == ["system", "user"]
         assert "2023-11-30" in params["input"][0]["content"]
-        assert [t["name"] for t in params["tools"]] == list(SPECS)
+        assert [t["name"] for t in params["tools"]] == OFFICE_TOOLS.names()
         assert row["agent_ref"] == {"type": "responses_api_agents", "name": "workplace_assistant"}
         assert row["id"] == i and row["environment_name"] == "workplace_assistant"
         assert row["category"].startswith("workplace_assistant_") and isinstance(row["seed"], int)
@@ -368,7 +373,7 @@ async def _loop(tokenizer, row, script):
 
 async def test_the_agent_loop_scores_multi_step_tool_use(tokenizer):
     row = next(r for r in generate(40, seed=4) if len(r["ground_truth"]) > 1)
-    calls = ground_truth_calls(row)
+    calls = ground_truth_calls(row["ground_truth"])
     lookup = "project_management_search_tasks" if "project" in row["category"] else "company_directory_find_email_address"
     script = [hermes(lookup, {}),                                             # a read first
               "<tool_call>{not json</tool_call>",                             # a malformed call: an error result

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from envs.base import AgentSettings, Environment, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Transcript, Verdict
 from envs.cpu import CpuPool
 from farm.client import FarmClient
 from workers.loop import PolicyAgent

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from envs.base import AgentSettings, Environment, Tool, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Tool, Transcript, Verdict
 from farm.client import FarmClient
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Status, Task

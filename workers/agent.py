@@ -51,7 +51,7 @@ def load_agent(name: str, settings: Settings, impl: str | None = None) -> Agent:
     key = impl or name
     if key in agents:
         return agents[key](name, settings)
-    from envs.base import available_envs
+    from envs.sdk import available_envs
 
     if impl is None and (name in settings.agents or name in available_envs()):
         return policy_agent(name, settings)
@@ -64,7 +64,7 @@ def policy_agent(name: str, settings: Settings) -> Agent:
     """The agent for `name`: a PolicyAgent (tokens: policy client + tokenizer) or a HostedAgent (chat, responses)."""
     import dataclasses
 
-    from envs.base import load_env
+    from envs.sdk import load_env
     from farm.errors import ConfigError
     from workers.chat import ChatTokenizer
     from workers.loop import PolicyAgent
@@ -98,7 +98,7 @@ def policy_agent(name: str, settings: Settings) -> Agent:
 
 def known_agents(settings: Settings | None = None) -> set[str]:
     """Names a row's agent_ref may use: registered environments and agents, and configured agents."""
-    from envs.base import available_envs
+    from envs.sdk import available_envs
 
     names = set(available_envs()) | set(available_agents())
     if settings is not None:

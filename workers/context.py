@@ -23,6 +23,10 @@ class AgentContext:
 
 @runtime_checkable
 class Agent(Protocol):
+    """Turns a Task into a Rollout. The worker also calls `async setup()` once before its first
+    task when the agent has one (the environment agents start their environment's pools there),
+    and `aclose()` when it stops."""
+
     async def run(self, task: Task, ctx: AgentContext) -> Rollout: ...
 
     async def aclose(self) -> None: ...

@@ -18,23 +18,25 @@ import json
 import time
 from typing import Any
 
-from envs.base import Environment, Tool, Transcript, Verdict
+from envs.sdk import Environment, Tool, Transcript, Verdict
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Status, Task, Timings
 from workers.chat import BadToolCall, ToolCall, input_messages
 
 
-def read_row(row: dict) -> tuple[dict, list[dict], list[str]]:
-    """The row's `responses_create_params`, its input as chat messages, and its follow-up user texts."""
+def read_row(env: Environment, row: dict) -> tuple[Any, dict, list[dict], list[str]]:
+    """The row as the environment's typed Row, its `responses_create_params`, its input as chat
+    messages, and its follow-up user texts. A row that does not fit is `malformed`, before any model call."""
     params = row.get("responses_create_params")
     if not isinstance(params, dict):
         raise RolloutFailure(ErrorKind.malformed, "row lacks `responses_create_params`")
     try:
+        typed = env.check_row(row)
         messages = input_messages(params)
-    except ValueError as exc:
+    except ValueError as exc:   # RowError included
         raise RolloutFailure(ErrorKind.malformed, str(exc)) from None
     followups = [m if isinstance(m, str) else m.get("content", "") for m in row.get("follow_up_messages", [])]
-    return params, messages, followups
+    return typed, params, messages, followups
 
 
 def sampling_for(task: Task, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +58,7 @@ async def call_tool(tools: dict[str, Tool], name: str, arguments: dict, state: A
         metrics["bad_tool_calls"] += 1
         return f"Error: unknown tool {name!r}; available: {', '.join(sorted(tools)) or 'none'}"
     try:
-        value = await asyncio.wait_for(tool.fn(state, **arguments), timeout_s)
+        value = await asyncio.wait_for(tool(state, arguments), timeout_s)
     except asyncio.TimeoutError:
         metrics["tool_errors"] += 1
         return f"Error: tool {name} ran past {timeout_s}s"
@@ -87,7 +89,7 @@ async def run_call(call: ToolCall | BadToolCall, tools: dict[str, Tool], state: 
     return result
 
 
-async def verify(env: Environment, row: dict, state: Any, transcript: Transcript, timeout_s: float) -> Verdict:
+async def verify(env: Environment, row: Any, state: Any, transcript: Transcript, timeout_s: float) -> Verdict:
     """The environment's verdict, or RolloutFailure(verifier) when it raises or runs too long."""
     try:
         return await asyncio.wait_for(env.verify(row, state, transcript), timeout_s)
@@ -99,11 +101,12 @@ async def verify(env: Environment, row: dict, state: Any, transcript: Transcript
         raise RolloutFailure(ErrorKind.verifier, f"verifier raised {type(exc).__name__}: {exc}") from None
 
 
-async def scored(env: Environment, task: Task, state: Any, transcript: Transcript, timeout_s: float,
+async def scored(env: Environment, task: Task, row: Any, state: Any, transcript: Transcript, timeout_s: float,
                  metrics: dict, timings: Timings, **fields: Any) -> Rollout:
-    """The verifier's verdict on the transcript, as the task's rollout (`fields`: the trace and such)."""
+    """The verifier's verdict on the transcript (`row`: the typed row), as the task's rollout
+    (`fields`: the trace and such)."""
     start = time.perf_counter()
-    verdict = await verify(env, task.row, state, transcript, timeout_s)
+    verdict = await verify(env, row, state, transcript, timeout_s)
     timings.verify_s = time.perf_counter() - start
     metrics.update(verdict.metrics)
     return Rollout.for_task(task, status=Status.truncated if transcript.truncated else Status.ok,

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from envs.base import AgentSettings, Environment, Tool, Transcript
+from envs.sdk import AgentSettings, Environment, Tool, Transcript
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings
 from farm.settings import Settings
@@ -173,12 +173,18 @@ class HostedAgent:
         self.schemas = [t.schema() for t in self.tools.values()]
         self.replicas = replicas or Replicas(settings)
 
+    async def setup(self) -> None:
+        """The environment's setup (its pools, clients), once, before the worker fetches a task."""
+        await self.env.setup()
+
     async def aclose(self) -> None:
-        await self.replicas.aclose()
+        try:
+            await self.replicas.aclose()
+        finally:
+            await self.env.aclose()
 
     async def run(self, task: Task, ctx: AgentContext) -> Rollout:
-        row = task.row
-        params, messages, followups = read_row(row)
+        row, params, messages, followups = read_row(self.env, task.row)
         tools = params.get("tools") or self.schemas
         convo: Conversation = (ChatConversation if self.kind == "chat" else ResponsesConversation)(messages, tools)
         state = self.env.new_state(row)
@@ -232,7 +238,7 @@ class HostedAgent:
         if tokens is not None:
             metrics.update(prompt_tokens=tokens[0], completion_tokens=tokens[1])
         transcript = Transcript(final_text=final_text, output=output, tool_calls=calls_made, truncated=truncated)
-        return await scored(self.env, task, state, transcript, self.settings.verify_timeout_s, metrics, timings,
+        return await scored(self.env, task, row, state, transcript, self.settings.verify_timeout_s, metrics, timings,
                             trace=None, trainable=False)
 
     async def _run_tools(self, calls: list[Call], state: Any, convo: Conversation, output: list,

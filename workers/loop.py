@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings, TokenTrace
-from envs.base import AgentSettings, Environment, Tool, Transcript
+from envs.sdk import AgentSettings, Environment, Tool, Transcript
 from workers.context import AgentContext
 from workers.env_calls import read_row, run_call, sampling_for, scored
 from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
@@ -35,6 +35,7 @@ class Episode:
     history: list[dict]
     template_tools: Any
     followups: list[str]
+    row: Any                 # the environment's typed Row
     state: Any
     sampling: dict
     prompt: list[int]
@@ -63,8 +64,15 @@ class PolicyAgent:
         self.tools: dict[str, Tool] = {t.name: t for t in env.tools()}
         self.schemas = chat_tools([t.schema() for t in self.tools.values()])
 
+    async def setup(self) -> None:
+        """The environment's setup (its pools, clients), once, before the worker fetches a task."""
+        await self.env.setup()
+
     async def aclose(self) -> None:
-        await self.policy.aclose()
+        try:
+            await self.policy.aclose()
+        finally:
+            await self.env.aclose()
 
     def ready(self) -> bool:
         """Whether some policy replica can take a request now (the worker fetches only then).
@@ -91,11 +99,11 @@ class PolicyAgent:
         return await self._finish(task, ep)
 
     def _start(self, task: Task) -> "Episode":
-        params, messages, followups = read_row(task.row)
+        row, params, messages, followups = read_row(self.env, task.row)
         schemas = chat_tools(params["tools"]) if params.get("tools") else self.schemas
         history, template_tools = self.tok.with_tools(messages, schemas)
         return Episode(history=history, template_tools=template_tools, followups=followups,
-                       state=self.env.new_state(task.row), sampling=sampling_for(task, self.settings.sampling),
+                       row=row, state=self.env.new_state(row), sampling=sampling_for(task, self.settings.sampling),
                        prompt=self.tok.prompt_ids(history, template_tools))
 
     async def _sample(self, ep: "Episode", step: int) -> Optional[str]:
@@ -170,7 +178,7 @@ class PolicyAgent:
                           env_tokens=len(ep.mask) - sum(ep.mask), replica_moves=ep.session.moves)
         transcript = Transcript(final_text=ep.final_text, output=ep.output, tool_calls=ep.calls_made,
                                 truncated=ep.truncated)
-        return await scored(self.env, task, ep.state, transcript, self.settings.verify_timeout_s, ep.metrics,
+        return await scored(self.env, task, ep.row, ep.state, transcript, self.settings.verify_timeout_s, ep.metrics,
                             ep.timings, trace=trace)
 
     async def _run_tools(self, text: str, step: int, state: Any, output: list, calls_made: list,

@@ -40,7 +40,7 @@ import msgspec
 
 from farm import schema
 from farm.connection import connect
-from farm.errors import ConfigError, RedisAuthError, RedisUnavailable, RolloutFailure, SchemaError, TransportError
+from farm.errors import ConfigError, FarmError, RedisAuthError, RedisUnavailable, RolloutFailure, SchemaError, TransportError
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
@@ -136,6 +136,7 @@ class Worker:
         maintenance = asyncio.create_task(self._maintenance(), name="maintenance")
         try:
             try:
+                await self._setup_agent()
                 await self._fetch_loop()
             except TransportError as exc:
                 self._fail(exc)
@@ -157,6 +158,20 @@ class Worker:
         if self._fatal is not None:
             raise self._fatal
         return self.counters
+
+    async def _setup_agent(self) -> None:
+        """The agent's (and its environment's) setup, before the first fetch; a failure stops the worker
+        with the reason, since every task would fail the same way."""
+        setup = getattr(self.agent, "setup", None)
+        if setup is None:
+            return
+        try:
+            await setup()
+        except FarmError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"agent {self.agent_name}: its environment's setup failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
 
     async def _bounded(self, aw, what: str, timeout_s: float = 5.0) -> None:
         try:

@@ -1,23 +1,10 @@
-"""workplace_assistant: multi-step tool use over a stateful office, scored by the end state.
+"""workplace_assistant's requests and their ground truth, generated offline from a seeded office.
 
-Data: requests such as "Reschedule my 'Budget review' meeting with Raj to Friday, December 8
-at 3pm", each generated offline from a seeded office (envs/workplace_office.py) together with
-the calls that carry it out. Rows follow NeMo Gym's workplace_assistant: the tools as
-Responses-style function tools, `ground_truth` as a list of {name, arguments (a JSON string)},
-`id`, `category`, `environment_name`; plus `seed`, the office to build (0 when absent).
-
-Tools: company directory, email, calendar, analytics, project tasks and CRM, over a fresh
-office per rollout (new_state builds it from the row's seed).
-
-Verifier: the office the model's calls mutated against a fresh office with the ground-truth
-calls replayed; reward 1 when every mutable table ends the same. Reads, failed calls and the
-order of independent calls do not change the outcome; a missing, extra or wrong change does.
-Records the model created are matched by content, since their ids depend on creation order.
-A ground truth that does not replay is a broken row: the verifier raises (a `verifier`
-failure), it never scores 0.
-
-`prompt_tools="task"` (a generate() / constructor option) puts only the tools a request needs
-into the row, for small-context policies such as SmolLM2 (the full list is ~4k tokens).
+Each template picks records of the office and writes a request ("Reschedule my 'Budget review'
+meeting with Raj to Friday, December 8 at 3pm") together with the calls that carry it out.
+Rows follow NeMo Gym's workplace_assistant: the tools as Responses-style function tools,
+`ground_truth` as a list of {name, arguments (a JSON string)}, `id`, `category`,
+`environment_name`; plus `seed`, the office to build (0 when absent).
 """
 
 from __future__ import annotations
@@ -25,12 +12,12 @@ from __future__ import annotations
 import json
 import random
 from datetime import date, timedelta
-from typing import Any, Callable, Literal, Optional
+from typing import Callable, Literal, Optional
 
-from envs.base import AgentSettings, Environment, Tool, Transcript, Verdict
-from envs.workplace_office import (BOARDS, DAY_END, DAY_START, LISTS, MUTATING, NOW, PLOT_TYPES, PLOT_VALUES,
-                                   PRODUCTS, SPECS, STATUSES, TABLES, Office, ToolError, build_office, call,
-                                   office_tools, schema, snapshot)
+from envs.workplace.office import (BOARDS, DAY_END, DAY_START, LISTS, NOW, PLOT_TYPES, PLOT_VALUES, PRODUCTS,
+                                   STATUSES, Office, build_office)
+from envs.workplace.replay import replay
+from envs.workplace.tools import TOOLS, call
 
 ENV_NAME = "workplace_assistant"
 PromptTools = Literal["all", "task"]
@@ -321,8 +308,7 @@ TEMPLATES: list[Template] = [
 
 
 def responses_tool(name: str) -> dict:
-    return {"type": "function", "name": name, "description": SPECS[name].description, "parameters": schema(name),
-            "strict": False}
+    return {**TOOLS[name].response_schema(), "strict": False}
 
 
 def generate(size: int, seed: int = 0, prompt_tools: PromptTools = "all") -> list[dict]:
@@ -337,7 +323,7 @@ def generate(size: int, seed: int = 0, prompt_tools: PromptTools = "all") -> lis
             continue
         request, calls, lookups, domain = made
         replay(office, calls, strict=True)
-        names = list(SPECS) if prompt_tools == "all" else sorted({*lookups, *(n for n, _ in calls)})
+        names = TOOLS.names() if prompt_tools == "all" else sorted({*lookups, *(n for n, _ in calls)})
         rows.append({
             "responses_create_params": {"input": [{"role": "system", "content": system_prompt(office)},
                                                   {"role": "user", "content": request}],
@@ -348,80 +334,3 @@ def generate(size: int, seed: int = 0, prompt_tools: PromptTools = "all") -> lis
             "seed": office_seed,
         })
     return rows
-
-
-# ---- verification --------------------------------------------------------------------------
-
-class BadGroundTruth(ValueError):
-    """The row's ground truth is not a list of replayable calls (a broken row, not a wrong answer)."""
-
-
-def ground_truth_calls(row: dict) -> list[tuple[str, dict]]:
-    truth = row.get("ground_truth")
-    if isinstance(truth, str):
-        try:
-            truth = json.loads(truth)
-        except json.JSONDecodeError as exc:
-            raise BadGroundTruth(f"ground_truth is a string but not JSON: {exc}") from None
-    if not isinstance(truth, list):
-        raise BadGroundTruth(f"row lacks a `ground_truth` list of calls (got {type(truth).__name__})")
-    return [_parse_call(c, f"ground_truth[{i}]") for i, c in enumerate(truth)]
-
-
-def _parse_call(item: Any, where: str) -> tuple[str, dict]:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        raise BadGroundTruth(f"{where} is not a {{name, arguments}} object: {item!r:.200}")
-    args = item.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise BadGroundTruth(f"{where} arguments are not JSON: {exc}") from None
-    if not isinstance(args, dict):
-        raise BadGroundTruth(f"{where} arguments are not an object")
-    return item["name"], args
-
-
-def replay(office: Office, calls: list, *, strict: bool) -> Office:
-    """Run calls on `office` in order. strict: any failure raises; otherwise failed calls are skipped
-    (a refused call changes nothing, as it did for the model)."""
-    for i, c in enumerate(calls):
-        try:
-            name, args = c if isinstance(c, tuple) else _parse_call(c, f"call {i}")
-            call(office, name, args)
-        except (BadGroundTruth, ToolError, TypeError) as exc:
-            if strict:
-                raise BadGroundTruth(f"ground-truth call {i} does not replay: {exc}") from None
-    return office
-
-
-class WorkplaceAssistant(Environment):
-    name = ENV_NAME
-    agent = AgentSettings(loop="tool_use", max_steps=10, sampling={"max_tokens": 256})
-
-    def __init__(self, prompt_tools: PromptTools = "all"):
-        if prompt_tools not in ("all", "task"):
-            raise ValueError(f"prompt_tools must be 'all' or 'task', got {prompt_tools!r}")
-        self.prompt_tools = prompt_tools
-
-    def tools(self) -> list[Tool]:
-        return office_tools()
-
-    def new_state(self, row: dict) -> Office:
-        return build_office(int(row.get("seed") or 0))
-
-    async def verify(self, row: dict, state: Any, transcript: Transcript) -> Verdict:
-        truth = ground_truth_calls(row)
-        expected = replay(self.new_state(row), truth, strict=True)
-        actual = state if isinstance(state, Office) else replay(self.new_state(row), transcript.tool_calls,
-                                                                strict=False)
-        got, want = snapshot(actual), snapshot(expected)
-        components = {domain: float(got[domain] == want[domain]) for domain in TABLES}
-        off = sum(sum(((got[d] - want[d]) + (want[d] - got[d])).values()) for d in TABLES)
-        mutating = sum(c.get("name") in MUTATING for c in transcript.tool_calls)
-        return Verdict(reward=float(off == 0), components=components,
-                       metrics={"mutating_calls": mutating, "read_calls": len(transcript.tool_calls) - mutating,
-                                "expected_calls": len(truth), "rows_off": off})
-
-    def generate(self, size: int, seed: int = 0) -> list[dict]:
-        return generate(size, seed, self.prompt_tools)

@@ -1,0 +1,23 @@
+"""The environment SDK: everything an environment imports from the farm.
+
+- `Environment`, `AgentSettings`: the interface the worker drives (setup, tools, new_state,
+  verify, aclose) and how its agent loop runs;
+- `Row`: the typed shape of a dataset row, subclassed per environment;
+- `Toolset` / `Tool`: tools declared with one decorator, schema from signature and docstring;
+- `Transcript`, `Verdict`: what a verifier reads and returns;
+- `ErrorKind`, `RolloutFailure`: the failure kinds shared by the worker, the client, the
+  producer and the dashboard.
+
+See docs/write-your-own-environment.md.
+"""
+
+from envs.sdk.environment import (ENTRY_POINT_GROUP, AgentSettings, Environment, LoopKind, Transcript, Verdict,
+                                  available_envs, load_env)
+from envs.sdk.rows import AgentRef, CreateParams, Row, RowError, parse_row
+from envs.sdk.tools import Tool, ToolArgumentError, Toolset
+from farm.errors import RolloutFailure
+from farm.schema import ErrorKind
+
+__all__ = ["ENTRY_POINT_GROUP", "AgentRef", "AgentSettings", "CreateParams", "Environment", "ErrorKind", "LoopKind",
+           "Row", "RowError", "RolloutFailure", "Tool", "ToolArgumentError", "Toolset", "Transcript", "Verdict",
+           "available_envs", "load_env", "parse_row"]

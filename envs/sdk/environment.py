@@ -1,0 +1,110 @@
+"""The environment interface: data, tools, verifier and agent settings of one task family.
+
+An environment is a module or package under envs/ (or a third-party package) registered
+under the `farm.envs` entry point group. The worker calls `setup()` once before its first
+rollout and `aclose()` when it stops; for each task it checks the row against `row_type`,
+renders the prompt, calls the policy, runs the environment's tools on a fresh per-rollout
+state, and finally asks the verifier for a reward. A verifier that raises or runs past its
+limit makes the rollout `failed` with kind `verifier`; it is never scored 0 silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Literal, Optional
+
+from envs.sdk.rows import Row, parse_row
+from envs.sdk.tools import Tool, Toolset
+from farm.errors import ConfigError, UnknownAgent
+
+ENTRY_POINT_GROUP = "farm.envs"
+
+LoopKind = Literal["single_turn", "tool_use", "multi_turn"]
+
+
+@dataclass
+class AgentSettings:
+    """How the agent loop runs for this environment (overridable per agent in the config)."""
+
+    loop: LoopKind = "single_turn"
+    max_steps: int = 8                      # policy calls per rollout
+    sampling: dict[str, Any] = field(default_factory=dict)   # overrides of the task's sampling
+    tool_timeout_s: float = 30.0
+    verify_timeout_s: float = 60.0
+
+
+@dataclass
+class Transcript:
+    """What the verifier sees: the final answer, every tool call made, the output items."""
+
+    final_text: str
+    output: list[dict]
+    tool_calls: list[dict]
+    truncated: bool = False
+
+
+@dataclass
+class Verdict:
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment:
+    """The base class of every environment; override what the task family needs."""
+
+    name: str = "base"
+    agent: AgentSettings = AgentSettings()
+    row_type: type[Row] = Row               # the rows' typed shape (ground truth included)
+    toolset: Optional[Toolset] = None       # the tools, when declared with @Toolset.tool
+
+    async def setup(self) -> None:
+        """Called by the worker once, before the first rollout: start pools, open clients."""
+
+    async def aclose(self) -> None:
+        """Called by the worker when it stops: close what setup (or first use) opened."""
+
+    def tools(self) -> list[Tool]:
+        return self.toolset.list() if self.toolset is not None else []
+
+    def check_row(self, row: dict) -> Any:
+        """`row` as this environment's Row; RowError (a ValueError) names what does not fit.
+
+        The worker calls it once per task, before any model call, and hands the typed row to
+        `new_state` and `verify`; so do the data tools, for every row they write."""
+        return parse_row(row, self.row_type)
+
+    def new_state(self, row: Any) -> Any:
+        """The state one rollout's tools work on (`row`: a `row_type`), fresh per rollout."""
+        return None
+
+    async def verify(self, row: Any, state: Any, transcript: Transcript) -> Verdict:
+        """The reward of a finished rollout (`row`: a `row_type`); raise on a broken row or checker."""
+        raise NotImplementedError
+
+    async def score(self, row: Any, state: Any, transcript: Transcript) -> Verdict:
+        """`verify` for a plain row (a dict, as read from JSONL): checked first, as the worker does.
+        Offline scoring and tests use it; RowError when the row does not fit."""
+        if isinstance(row, dict):
+            row = self.check_row(row)
+        return await self.verify(row, state, transcript)
+
+    def generate(self, size: int, seed: int = 0) -> list[dict]:
+        """`size` NeMo Gym-style rows, deterministic by seed, made offline."""
+        raise NotImplementedError(f"environment {self.name} has no data generator")
+
+
+def available_envs() -> dict[str, Any]:
+    """Registered environment names -> entry points (loaded only when used)."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_env(name: str, options: Optional[dict] = None) -> Environment:
+    envs = available_envs()
+    if name not in envs:
+        raise UnknownAgent(f"unknown environment {name!r}; available: {', '.join(sorted(envs)) or 'none'}")
+    try:
+        return envs[name].load()(**(options or {}))
+    except TypeError as exc:   # an option the environment does not take, or of the wrong kind
+        raise ConfigError(f"environment {name}: bad option(s) {sorted(options or {})}: {exc}") from None

@@ -1,0 +1,57 @@
+"""Rows: the typed shape of a dataset row, one msgspec Struct per environment.
+
+Every row is a NeMo Gym JSONL row: `responses_create_params` (what the model sees),
+an optional `agent_ref` (which agent runs it) and the environment's ground truth at the
+top level. An environment declares its ground truth by subclassing `Row`:
+
+    class CounterRow(Row):
+        expected_count: int
+        initial_count: int = 0
+
+`farm data prepare` checks every row against its environment's Row, and the worker checks a
+task's row before it spends a model call on it: a row that does not fit is a `malformed`
+failure that names the field. Fields the Row does not declare are kept and ignored, so rows
+exported by NeMo Gym, which carry more than any one verifier reads, load unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, TypeVar, Union
+
+import msgspec
+
+__all__ = ["AgentRef", "CreateParams", "Row", "RowError", "parse_row"]
+
+
+class RowError(ValueError):
+    """A row that does not fit its environment's Row type; the message names the field."""
+
+
+class CreateParams(msgspec.Struct, kw_only=True):
+    """`responses_create_params`: what the model sees. Other Responses API keys pass through."""
+
+    input: Union[str, list[dict]]
+    tools: Optional[list[dict]] = None
+
+
+class AgentRef(msgspec.Struct, kw_only=True):
+    name: str
+    type: str = "responses_api_agents"
+
+
+class Row(msgspec.Struct, kw_only=True):
+    """The fields every environment's rows share."""
+
+    responses_create_params: CreateParams
+    agent_ref: Optional[AgentRef] = None
+
+
+R = TypeVar("R", bound=Row)
+
+
+def parse_row(row: Any, row_type: type[R]) -> R:
+    """`row` as `row_type`, strictly typed (no "3" for 3); RowError names the first field that does not fit."""
+    try:
+        return msgspec.convert(row, row_type, strict=True)
+    except msgspec.ValidationError as exc:
+        raise RowError(f"row does not fit {row_type.__name__}: {str(exc).replace('$.', '')}") from None
