@@ -36,19 +36,40 @@ from bench.common import delete_namespace, stop_all  # noqa: E402
 def write_rows(path: Path, n: int) -> None:
     with open(path, "w") as f:
         for i in range(n):
-            f.write(json.dumps({"responses_create_params": {"input": [{"role": "user", "content": f"row {i}"}]},
-                                "agent_ref": {"type": "responses_api_agents", "name": "noop"},
-                                "noop": {"reward": float(i % 2)}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "responses_create_params": {"input": [{"role": "user", "content": f"row {i}"}]},
+                        "agent_ref": {"type": "responses_api_agents", "name": "noop"},
+                        "noop": {"reward": float(i % 2)},
+                    }
+                )
+                + "\n"
+            )
 
 
 def run_once(url: str, rows: Path, out_dir: Path, processes: int, args: argparse.Namespace) -> dict:
     namespace = f"bench-collect-{uuid.uuid4().hex[:10]}"
-    env = dict(os.environ, FARM_REDIS_URL=url, FARM_NAMESPACE=namespace, FARM_LOG_LEVEL="WARNING",
-               PYTHONPATH=str(ROOT))
+    env = dict(os.environ, FARM_REDIS_URL=url, FARM_NAMESPACE=namespace, FARM_LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT))
     log = open(out_dir / f"workers-{processes}.log", "wb")
-    workers = subprocess.Popen([sys.executable, "-m", "farm", "worker", "--agent", "noop", "--processes",
-                                str(processes), "--concurrency", str(args.worker_concurrency)],
-                               env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    workers = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "worker",
+            "--agent",
+            "noop",
+            "--processes",
+            str(processes),
+            "--concurrency",
+            str(args.worker_concurrency),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     r = redis.Redis.from_url(url)
     try:
         deadline = time.monotonic() + 60
@@ -58,9 +79,23 @@ def run_once(url: str, rows: Path, out_dir: Path, processes: int, args: argparse
             time.sleep(0.1)
         out = out_dir / f"rollouts-{processes}.jsonl"
         t0 = time.perf_counter()
-        collect = subprocess.Popen([sys.executable, "-m", "farm", "collect", "--input", str(rows),
-                                    "--output", str(out), "--concurrency", str(args.concurrency), "--no-progress"],
-                                   env=env, cwd=ROOT)
+        collect = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "farm",
+                "collect",
+                "--input",
+                str(rows),
+                "--output",
+                str(out),
+                "--concurrency",
+                str(args.concurrency),
+                "--no-progress",
+            ],
+            env=env,
+            cwd=ROOT,
+        )
         _, status, usage = os.wait4(collect.pid, 0)
         wall = time.perf_counter() - t0
         collect.returncode = os.waitstatus_to_exitcode(status)
@@ -68,10 +103,16 @@ def run_once(url: str, rows: Path, out_dir: Path, processes: int, args: argparse
             raise SystemExit(f"farm collect exited with {collect.returncode}")
         metrics = json.loads((out_dir / f"rollouts-{processes}_metrics.json").read_text())
         lines = sum(1 for _ in open(out, "rb"))
-        return {"workers": processes, "rows": lines, "wall_s": wall, "rows_per_s": lines / wall,
-                "collect_loop_rows_per_s": metrics["rollouts_per_s"],
-                "peak_rss_mib": usage.ru_maxrss / 1024, "peak_outstanding": metrics["peak_outstanding"],
-                "output_mib": out.stat().st_size / 2**20}
+        return {
+            "workers": processes,
+            "rows": lines,
+            "wall_s": wall,
+            "rows_per_s": lines / wall,
+            "collect_loop_rows_per_s": metrics["rollouts_per_s"],
+            "peak_rss_mib": usage.ru_maxrss / 1024,
+            "peak_outstanding": metrics["peak_outstanding"],
+            "output_mib": out.stat().st_size / 2**20,
+        }
     finally:
         stop_all([workers], timeout_s=60)
         log.close()
@@ -91,14 +132,21 @@ def main(argv: list[str] | None = None) -> int:
         tmp_path = Path(tmp)
         rows = tmp_path / "rows.jsonl"
         write_rows(rows, args.rows)
-        print(f"input: {args.rows:,} noop rows, {rows.stat().st_size / 2**20:.1f} MiB; "
-              f"--concurrency {args.concurrency}; worker concurrency {args.worker_concurrency}", flush=True)
+        print(
+            f"input: {args.rows:,} noop rows, {rows.stat().st_size / 2**20:.1f} MiB; "
+            f"--concurrency {args.concurrency}; worker concurrency {args.worker_concurrency}",
+            flush=True,
+        )
         results = [run_once(args.redis_url, rows, tmp_path, int(n), args) for n in args.processes.split(",")]
-    print(f"{'workers':>8} {'rows':>8} {'wall s':>8} {'rows/s':>9} {'loop rows/s':>12} {'peak RSS MiB':>13} "
-          f"{'peak outstanding':>17}")
+    print(
+        f"{'workers':>8} {'rows':>8} {'wall s':>8} {'rows/s':>9} {'loop rows/s':>12} {'peak RSS MiB':>13} "
+        f"{'peak outstanding':>17}"
+    )
     for res in results:
-        print(f"{res['workers']:>8} {res['rows']:>8,} {res['wall_s']:>8.2f} {res['rows_per_s']:>9,.0f} "
-              f"{res['collect_loop_rows_per_s']:>12,.0f} {res['peak_rss_mib']:>13.1f} {res['peak_outstanding']:>17,}")
+        print(
+            f"{res['workers']:>8} {res['rows']:>8,} {res['wall_s']:>8.2f} {res['rows_per_s']:>9,.0f} "
+            f"{res['collect_loop_rows_per_s']:>12,.0f} {res['peak_rss_mib']:>13.1f} {res['peak_outstanding']:>17,}"
+        )
     print(json.dumps({"bench": "collect", "results": results}))
     return 0
 

@@ -54,12 +54,37 @@ class WorkerPool:
     (the policy's address, a config file).
     """
 
-    def __init__(self, url: str, namespace: str, agent: str, processes: int, concurrency: int, log_dir: Path,
-                 label: str, **env: str):
-        self.env = dict(os.environ, FARM_REDIS_URL=url, FARM_NAMESPACE=namespace, FARM_LOG_LEVEL="WARNING",
-                        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), **env)
-        self.cmd = [sys.executable, "-m", "farm", "worker", "--agent", agent, "--processes", "1",
-                    "--concurrency", str(concurrency)]
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        agent: str,
+        processes: int,
+        concurrency: int,
+        log_dir: Path,
+        label: str,
+        **env: str,
+    ):
+        self.env = dict(
+            os.environ,
+            FARM_REDIS_URL=url,
+            FARM_NAMESPACE=namespace,
+            FARM_LOG_LEVEL="WARNING",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            **env,
+        )
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "farm",
+            "worker",
+            "--agent",
+            agent,
+            "--processes",
+            "1",
+            "--concurrency",
+            str(concurrency),
+        ]
         self.processes, self.log_dir, self.label = processes, log_dir, label
         self.children: list[subprocess.Popen] = []
 
@@ -69,8 +94,11 @@ class WorkerPool:
     def __enter__(self) -> "WorkerPool":
         for i in range(self.processes):
             with open(self.log(i), "wb") as log:
-                self.children.append(subprocess.Popen(self.cmd, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                                                      stdout=log, stderr=subprocess.STDOUT))
+                self.children.append(
+                    subprocess.Popen(
+                        self.cmd, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                    )
+                )
         return self
 
     def __exit__(self, *exc) -> None:

@@ -53,8 +53,11 @@ ANSWER = "It is sunny in Paris, 21 degrees."
 
 def script_for(tok) -> Script:
     """The policy's two turns, as token ids ending in EOS (so the worker sees finished turns)."""
-    return Script(token_replies=[tok.encode(CALL) + [tok.eos_id], tok.encode(ANSWER) + [tok.eos_id]],
-                  model="stub", max_model_len=4096)
+    return Script(
+        token_replies=[tok.encode(CALL) + [tok.eos_id], tok.encode(ANSWER) + [tok.eos_id]],
+        model="stub",
+        max_model_len=4096,
+    )
 
 
 def rows(n: int) -> list[dict]:
@@ -74,14 +77,22 @@ def plain_bodies(tok, script: Script) -> list[bytes]:
 
     row = rows(1)[0]
     env = SingleToolCall()
-    history, tools = tok.with_tools(input_messages(row["responses_create_params"]),
-                                    chat_tools([t.schema() for t in env.tools()]))
+    history, tools = tok.with_tools(
+        input_messages(row["responses_create_params"]), chat_tools([t.schema() for t in env.tools()])
+    )
     first = tok.prompt_ids(history, tools)
     history.append({"role": "assistant", "content": CALL})
     env_ids = tok.append_ids(history, tools, [{"role": "tool", "content": json.dumps({"city": "Paris"})}])
     second = first + script.token_replies[0] + env_ids
-    base = {"model": "stub", "logprobs": 0, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
-            "temperature": 1.0, "top_p": 1.0, "max_tokens": 96}
+    base = {
+        "model": "stub",
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_tokens": 96,
+    }
     return [json.dumps({**base, "prompt": p}).encode() for p in (first, second)]
 
 
@@ -113,8 +124,10 @@ async def plain_main(url: str, bodies: list[bytes], concurrency: int, n: int) ->
     fails: Counter = Counter()
     latencies: list[float] = []
     headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
-                                     timeout=aiohttp.ClientTimeout(total=600)) as http:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency), timeout=aiohttp.ClientTimeout(total=600)
+    ) as http:
+
         async def one() -> None:
             async with gate:
                 start = time.perf_counter()
@@ -133,17 +146,25 @@ async def plain_main(url: str, bodies: list[bytes], concurrency: int, n: int) ->
         cpu0, start = time.process_time(), time.perf_counter()
         await asyncio.gather(*(one() for _ in range(n)))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
-    return {"wall_s": wall, "done": len(latencies), "failures": dict(fails), "cpu_s": cpu,
-            "p50_s": pct(latencies, 0.5), "p99_s": pct(latencies, 0.99),
-            "peak_rss_mb": peak_rss_mb(os.getpid())}
+    return {
+        "wall_s": wall,
+        "done": len(latencies),
+        "failures": dict(fails),
+        "cpu_s": cpu,
+        "p50_s": pct(latencies, 0.5),
+        "p99_s": pct(latencies, 0.99),
+        "peak_rss_mb": peak_rss_mb(os.getpid()),
+    }
 
 
 def plain_round(url: str, bodies: list[bytes], concurrency: int, n: int, tmp: Path) -> dict:
     spec = tmp / "plain.json"
-    spec.write_text(json.dumps({"url": url, "bodies": [b.decode() for b in bodies], "concurrency": concurrency,
-                                "n": n}))
-    out = subprocess.run([sys.executable, __file__, "--plain-child", str(spec)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=3600)
+    spec.write_text(
+        json.dumps({"url": url, "bodies": [b.decode() for b in bodies], "concurrency": concurrency, "n": n})
+    )
+    out = subprocess.run(
+        [sys.executable, __file__, "--plain-child", str(spec)], capture_output=True, text=True, cwd=ROOT, timeout=3600
+    )
     if out.returncode != 0:
         raise SystemExit(f"plain client failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -158,9 +179,18 @@ async def farm_round(url: str, stub: StubProcess, model_dir: Path, concurrency: 
     settings = load_settings(env={}, overrides={"redis_url": url, "namespace": namespace})
     fails: Counter = Counter()
     try:
-        with WorkerPool(url, namespace, "single_tool_call", 1, concurrency, tmp, f"c{concurrency}",
-                        FARM_POLICY_URLS=stub.url, FARM_POLICY_MODEL="stub",
-                        FARM_POLICY_TOKENIZER=str(model_dir)) as pool:
+        with WorkerPool(
+            url,
+            namespace,
+            "single_tool_call",
+            1,
+            concurrency,
+            tmp,
+            f"c{concurrency}",
+            FARM_POLICY_URLS=stub.url,
+            FARM_POLICY_MODEL="stub",
+            FARM_POLICY_TOKENIZER=str(model_dir),
+        ) as pool:
             client = FarmClient(settings)
             try:
                 await pool.ready(client, timeout_s=120.0)
@@ -174,7 +204,7 @@ async def farm_round(url: str, stub: StubProcess, model_dir: Path, concurrency: 
             finally:
                 await client.aclose()
             stop_started = time.perf_counter()
-        stop_s = time.perf_counter() - stop_started   # SIGTERM to exit (a killed worker: -9 below)
+        stop_s = time.perf_counter() - stop_started  # SIGTERM to exit (a killed worker: -9 below)
         exit_code = pool.children[0].returncode
     finally:
         delete_namespace(url, namespace)
@@ -183,28 +213,49 @@ async def farm_round(url: str, stub: StubProcess, model_dir: Path, concurrency: 
         if not r.ok:
             fails[r.error.kind] += 1
     rewards = [r.reward for r in got.values() if r.ok and r.reward is not None]
-    return {"wall_s": wall, "done": len(latencies), "failures": dict(fails), "cpu_s": cpu,
-            "p50_s": pct(latencies, 0.5), "p99_s": pct(latencies, 0.99), "peak_rss_mb": rss,
-            "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-            "sigterm_exit": f"{exit_code} in {stop_s:.1f}s"}
+    return {
+        "wall_s": wall,
+        "done": len(latencies),
+        "failures": dict(fails),
+        "cpu_s": cpu,
+        "p50_s": pct(latencies, 0.5),
+        "p99_s": pct(latencies, 0.99),
+        "peak_rss_mb": rss,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+        "sigterm_exit": f"{exit_code} in {stop_s:.1f}s",
+    }
 
 
 # -- report --------------------------------------------------------------------------------------
 def summarize(side: str, res: dict, latency: float, concurrency: int, n: int) -> dict:
     rate = res["done"] / res["wall_s"]
     ideal = concurrency / (2 * latency)
-    return {"side": side, "L": latency, "C": concurrency, "n": n, "rollouts_per_s": rate, "ratio": rate / ideal,
-            "p50_s": res["p50_s"], "p99_s": res["p99_s"], "cpu_ms_per_rollout": 1000 * res["cpu_s"] / max(1, n),
-            "peak_rss_mb": res["peak_rss_mb"], "failures": res["failures"], "mean_reward": res.get("mean_reward"),
-            "sigterm_exit": res.get("sigterm_exit", "")}
+    return {
+        "side": side,
+        "L": latency,
+        "C": concurrency,
+        "n": n,
+        "rollouts_per_s": rate,
+        "ratio": rate / ideal,
+        "p50_s": res["p50_s"],
+        "p99_s": res["p99_s"],
+        "cpu_ms_per_rollout": 1000 * res["cpu_s"] / max(1, n),
+        "peak_rss_mb": res["peak_rss_mb"],
+        "failures": res["failures"],
+        "mean_reward": res.get("mean_reward"),
+        "sigterm_exit": res.get("sigterm_exit", ""),
+    }
 
 
 def print_row(r: dict) -> None:
     fails = ", ".join(f"{k}: {v}" for k, v in sorted(r["failures"].items())) or "0"
     reward = "" if r["mean_reward"] is None else f"{r['mean_reward']:.2f}"
-    print(f"{r['L']:>4g} s {r['C']:>6} {r['side']:<6} {r['n']:>6} {r['rollouts_per_s']:>9.1f} {r['ratio']:>6.2f} "
-          f"{r['p50_s']:>7.2f} {r['p99_s']:>7.2f} {r['cpu_ms_per_rollout']:>8.2f} {r['peak_rss_mb']:>8.0f}  "
-          f"{reward:>6}  {r['sigterm_exit']:<12}  {fails}", flush=True)
+    print(
+        f"{r['L']:>4g} s {r['C']:>6} {r['side']:<6} {r['n']:>6} {r['rollouts_per_s']:>9.1f} {r['ratio']:>6.2f} "
+        f"{r['p50_s']:>7.2f} {r['p99_s']:>7.2f} {r['cpu_ms_per_rollout']:>8.2f} {r['peak_rss_mb']:>8.0f}  "
+        f"{reward:>6}  {r['sigterm_exit']:<12}  {fails}",
+        flush=True,
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -213,15 +264,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--latencies", default="2,10", help="model latencies L in seconds, comma-separated")
     p.add_argument("--concurrency", default="256,1024,2048,4096", help="concurrencies C, comma-separated")
     p.add_argument("--waves", type=int, default=3, help="rollouts per round = waves x C")
-    p.add_argument("--jitter", type=float, default=0.0,
-                   help="answer latency uniform in L +- jitter x L (0: fixed, every wave answered at once)")
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="answer latency uniform in L +- jitter x L (0: fixed, every wave answered at once)",
+    )
     p.add_argument("--sides", default="farm,plain")
     p.add_argument("--plain-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.plain_child:
         spec = json.loads(Path(args.plain_child).read_text())
-        res = asyncio.run(plain_main(spec["url"], [b.encode() for b in spec["bodies"]], spec["concurrency"],
-                                     spec["n"]))
+        res = asyncio.run(plain_main(spec["url"], [b.encode() for b in spec["bodies"]], spec["concurrency"], spec["n"]))
         print(json.dumps(res))
         return 0
     if not answers(args.redis_url):
@@ -238,10 +292,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     sides = args.sides.split(",")
     results = []
     kind = f"latency L +- {args.jitter:.0%}" if args.jitter else "fixed latency"
-    print(f"one worker process vs a plain aiohttp client; policy stub with {kind}; {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}; load at start {os.getloadavg()[0]:.2f}")
-    print(f"{'L':>6} {'C':>6} {'side':<6} {'n':>6} {'rollout/s':>9} {'ratio':>6} {'p50 s':>7} {'p99 s':>7} "
-          f"{'cpu ms/r':>8} {'rss MB':>8}  {'reward':>6}  {'SIGTERM exit':<12}  failures")
+    print(
+        f"one worker process vs a plain aiohttp client; policy stub with {kind}; {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}; load at start {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'L':>6} {'C':>6} {'side':<6} {'n':>6} {'rollout/s':>9} {'ratio':>6} {'p50 s':>7} {'p99 s':>7} "
+        f"{'cpu ms/r':>8} {'rss MB':>8}  {'reward':>6}  {'SIGTERM exit':<12}  failures"
+    )
     print("-" * 110)
     with tempfile.TemporaryDirectory(prefix="farm-bench-conc-") as tmp_name:
         tmp = Path(tmp_name)
@@ -261,8 +319,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         print_row(row)
         finally:
             stub.stop()
-    print(f"ratio: rollouts/s over C / (2 L); cpu ms/r: CPU of the worker (or plain client) process per rollout; "
-          f"load at end {os.getloadavg()[0]:.2f}; runtime {time.monotonic() - started:.0f}s")
+    print(
+        f"ratio: rollouts/s over C / (2 L); cpu ms/r: CPU of the worker (or plain client) process per rollout; "
+        f"load at end {os.getloadavg()[0]:.2f}; runtime {time.monotonic() - started:.0f}s"
+    )
     print(json.dumps({"results": results, "command": " ".join(sys.argv)}))
     return 0
 

@@ -91,23 +91,50 @@ def main(argv=None) -> int:
 
     rows = load_env(a.env).generate(a.rows, seed=a.seed)
     (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (out / "workers.yaml").write_text(json.dumps({"agents": {a.env: {
-        "env": a.env, "max_steps": a.max_turns, "sampling": {"max_tokens": a.max_tokens}}}}))
-    env = dict(os.environ, FARM_REDIS_URL=redis_url, FARM_NAMESPACE=settings.namespace, PYTHONPATH=str(ROOT),
-               FARM_POLICY_URLS=server.url, FARM_POLICY_MODEL=server.served_model_name,
-               FARM_POLICY_TOKENIZER=str(model_dir), FARM_CONFIG=str(out / "workers.yaml"))
-    worker = subprocess.Popen([sys.executable, "-m", "farm", "worker", "--agent", a.env, "--concurrency", "16"],
-                              env=env, cwd=ROOT, stdout=open(out / "worker.log", "w"), stderr=subprocess.STDOUT)
-    cfg = TrainConfig(model_name=str(model_dir), dataset_path=str(out / "train.jsonl"), output_dir=str(out / "run"),
-                      task=f"learn-{a.env}", max_steps=a.steps, num_generations=a.num_generations,
-                      per_device_train_batch_size=a.prompts * a.num_generations, learning_rate=a.lr,
-                      max_completion_length=a.max_tokens, rollout_timeout_s=600, weight_sync_steps=1,
-                      save_steps=10**6, seed=a.seed, torch_threads=a.threads)
+    (out / "workers.yaml").write_text(
+        json.dumps(
+            {"agents": {a.env: {"env": a.env, "max_steps": a.max_turns, "sampling": {"max_tokens": a.max_tokens}}}}
+        )
+    )
+    env = dict(
+        os.environ,
+        FARM_REDIS_URL=redis_url,
+        FARM_NAMESPACE=settings.namespace,
+        PYTHONPATH=str(ROOT),
+        FARM_POLICY_URLS=server.url,
+        FARM_POLICY_MODEL=server.served_model_name,
+        FARM_POLICY_TOKENIZER=str(model_dir),
+        FARM_CONFIG=str(out / "workers.yaml"),
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "farm", "worker", "--agent", a.env, "--concurrency", "16"],
+        env=env,
+        cwd=ROOT,
+        stdout=open(out / "worker.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    cfg = TrainConfig(
+        model_name=str(model_dir),
+        dataset_path=str(out / "train.jsonl"),
+        output_dir=str(out / "run"),
+        task=f"learn-{a.env}",
+        max_steps=a.steps,
+        num_generations=a.num_generations,
+        per_device_train_batch_size=a.prompts * a.num_generations,
+        learning_rate=a.lr,
+        max_completion_length=a.max_tokens,
+        rollout_timeout_s=600,
+        weight_sync_steps=1,
+        save_steps=10**6,
+        seed=a.seed,
+        torch_threads=a.threads,
+    )
     clock = _callback()
     started = time.perf_counter()
     try:
-        trainer, rollout, sync_cb = build_trainer(settings, cfg, weight_sync=VllmReload([server.url], out / "weights"),
-                                                  callbacks=[clock])
+        trainer, rollout, sync_cb = build_trainer(
+            settings, cfg, weight_sync=VllmReload([server.url], out / "weights"), callbacks=[clock]
+        )
         trainer.train()
         rollout.close()
     finally:
@@ -122,10 +149,18 @@ def main(argv=None) -> int:
         scored = [s.reward for s in batch.samples if s.reward is not None]
         gen = batch.metrics["farm/batch_wall_s"]
         sync = sync_cb.syncs[i - 1].save_s + sync_cb.syncs[i - 1].reload_s if i - 1 < len(sync_cb.syncs) else 0.0
-        lines.append({"step": i, "reward_mean": sum(scored) / len(scored) if scored else float("nan"),
-                      "scored": len(scored), "failed": int(batch.metrics["farm/failed"]),
-                      "generation_s": round(gen, 2), "sync_s": round(sync, 2),
-                      "training_s": round(step_s - gen - sync, 2), "step_s": round(step_s, 2)})
+        lines.append(
+            {
+                "step": i,
+                "reward_mean": sum(scored) / len(scored) if scored else float("nan"),
+                "scored": len(scored),
+                "failed": int(batch.metrics["farm/failed"]),
+                "generation_s": round(gen, 2),
+                "sync_s": round(sync, 2),
+                "training_s": round(step_s - gen - sync, 2),
+                "step_s": round(step_s, 2),
+            }
+        )
     with open(out / "reward_curve.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(lines[0]))
         w.writeheader()
@@ -139,8 +174,8 @@ def main(argv=None) -> int:
     ax.plot([r["step"] for r in lines], [r["reward_mean"] for r in lines], marker="o", label="mean env reward")
     k = 3
     if len(lines) >= k:
-        ma = [sum(r["reward_mean"] for r in lines[i - k + 1:i + 1]) / k for i in range(k - 1, len(lines))]
-        ax.plot([r["step"] for r in lines[k - 1:]], ma, label=f"moving mean ({k})")
+        ma = [sum(r["reward_mean"] for r in lines[i - k + 1 : i + 1]) / k for i in range(k - 1, len(lines))]
+        ax.plot([r["step"] for r in lines[k - 1 :]], ma, label=f"moving mean ({k})")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward")
     ax.set_title(f"SmolLM2-135M on {a.env} through the farm")
@@ -152,10 +187,18 @@ def main(argv=None) -> int:
     first = sum(r["reward_mean"] for r in lines[:half]) / half
     last = sum(r["reward_mean"] for r in lines[-half:]) / half
     mean = lambda key: sum(r[key] for r in lines) / len(lines)  # noqa: E731
-    summary = {"env": a.env, "steps": len(lines), "samples_per_step": a.prompts * a.num_generations,
-               "reward_first_half": round(first, 3), "reward_second_half": round(last, 3), "rose": last > first,
-               "generation_s_per_step": round(mean("generation_s"), 2), "training_s_per_step": round(mean("training_s"), 2),
-               "sync_s_per_step": round(mean("sync_s"), 2), "total_s": round(total, 1)}
+    summary = {
+        "env": a.env,
+        "steps": len(lines),
+        "samples_per_step": a.prompts * a.num_generations,
+        "reward_first_half": round(first, 3),
+        "reward_second_half": round(last, 3),
+        "rose": last > first,
+        "generation_s_per_step": round(mean("generation_s"), 2),
+        "training_s_per_step": round(mean("training_s"), 2),
+        "sync_s_per_step": round(mean("sync_s"), 2),
+        "total_s": round(total, 1),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
     return 0

@@ -88,9 +88,17 @@ def prompt_ids(tok: ChatTokenizer, rows: list[dict]) -> list[list[int]]:
 
 def request_body(model: str, prompt: list[int], max_tokens: int) -> dict:
     """The body workers/policy.py PolicyClient.complete sends for this bench's agent config."""
-    return {"model": model, "prompt": prompt, "logprobs": 0, "return_tokens_as_token_ids": True,
-            "skip_special_tokens": False, "temperature": 1.0, "top_p": 1.0, "max_tokens": max_tokens,
-            "ignore_eos": True}
+    return {
+        "model": model,
+        "prompt": prompt,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
 
 
 # -- CPU accounting (Linux /proc) ------------------------------------------------------------------
@@ -133,8 +141,9 @@ class CpuMeter:
 
     def __exit__(self, *exc) -> None:
         end = (cpu_seconds(self.vllm), cpu_seconds(self.workers), time.process_time())
-        self.used = {k: round(b - a, 2) for k, a, b in zip(("vllm_cpu_s", "worker_cpu_s", "bench_cpu_s"),
-                                                           self.start, end)}
+        self.used = {
+            k: round(b - a, 2) for k, a, b in zip(("vllm_cpu_s", "worker_cpu_s", "bench_cpu_s"), self.start, end)
+        }
 
 
 # -- one round on each side ---------------------------------------------------------------------
@@ -145,6 +154,7 @@ async def plain_round(server: PolicyServer, prompts: list[list[int]], max_tokens
     url = server.openai_url + "/completions"
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0), limits=limits) as http:
+
         async def one(prompt: list[int]) -> int:
             async with gate:
                 resp = await http.post(url, json=request_body(server.served_model_name, prompt, max_tokens))
@@ -154,16 +164,24 @@ async def plain_round(server: PolicyServer, prompts: list[list[int]], max_tokens
         start = time.perf_counter()
         lengths = await asyncio.gather(*(one(p) for p in prompts))
         wall = time.perf_counter() - start
-    return {"requests": len(prompts), "tokens": sum(lengths), "short": sum(n != max_tokens for n in lengths),
-            "wall_s": wall}
+    return {
+        "requests": len(prompts),
+        "tokens": sum(lengths),
+        "short": sum(n != max_tokens for n in lengths),
+        "wall_s": wall,
+    }
 
 
-async def farm_round(client: FarmClient, run_id: str, rows: list[dict], prompts: list[list[int]],
-                     max_tokens: int) -> dict:
+async def farm_round(
+    client: FarmClient, run_id: str, rows: list[dict], prompts: list[list[int]], max_tokens: int
+) -> dict:
     """Every row as a task; the clock covers the first XADD to the last rollout."""
-    tasks = [client.task(run_id=run_id, agent=AGENT, row=row, sampling=Sampling(temperature=1.0, top_p=1.0,
-                                                                                  max_tokens=max_tokens))
-             for row in rows]
+    tasks = [
+        client.task(
+            run_id=run_id, agent=AGENT, row=row, sampling=Sampling(temperature=1.0, top_p=1.0, max_tokens=max_tokens)
+        )
+        for row in rows
+    ]
     start = time.perf_counter()
     _, rollouts = await asyncio.gather(client.submit(tasks), client.collect(tasks, timeout_s=600))
     wall = time.perf_counter() - start
@@ -178,12 +196,19 @@ async def farm_round(client: FarmClient, run_id: str, rows: list[dict], prompts:
         tokens += n
         short += n != max_tokens
         other_prompt += list(r.trace.prompt()) != prompt
-    return {"requests": len(tasks), "tokens": tokens, "short": short, "prompt_mismatch": other_prompt,
-            "wall_s": wall}
+    return {"requests": len(tasks), "tokens": tokens, "short": short, "prompt_mismatch": other_prompt, "wall_s": wall}
 
 
-async def bench_concurrency(url: str, server: PolicyServer, config: Path, concurrency: int, rows: list[dict],
-                            prompts: list[list[int]], args: argparse.Namespace, log_dir: Path) -> dict:
+async def bench_concurrency(
+    url: str,
+    server: PolicyServer,
+    config: Path,
+    concurrency: int,
+    rows: list[dict],
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+    log_dir: Path,
+) -> dict:
     """Warm-up on each side, then `rounds` timed rounds per side in ABBA order, with fresh workers."""
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     settings = load_settings(env={}, overrides={"redis_url": url, "namespace": namespace})
@@ -191,18 +216,30 @@ async def bench_concurrency(url: str, server: PolicyServer, config: Path, concur
     load_before = os.getloadavg()
     rounds: list[dict] = []
     try:
-        with WorkerPool(url, namespace, AGENT, args.processes, per_process, log_dir, f"c{per_process}",
-                        FARM_CONFIG=str(config), FARM_POLICY_URLS=server.url,
-                        FARM_POLICY_MODEL=server.served_model_name,
-                        FARM_POLICY_TOKENIZER=str(server.model_dir)) as workers:
+        with WorkerPool(
+            url,
+            namespace,
+            AGENT,
+            args.processes,
+            per_process,
+            log_dir,
+            f"c{per_process}",
+            FARM_CONFIG=str(config),
+            FARM_POLICY_URLS=server.url,
+            FARM_POLICY_MODEL=server.served_model_name,
+            FARM_POLICY_TOKENIZER=str(server.model_dir),
+        ) as workers:
             client = FarmClient(settings)
             try:
                 await workers.ready(client, timeout_s=120.0, every_s=0.2)
                 warm = min(len(rows), concurrency)
                 await plain_round(server, prompts[:warm], args.max_tokens, concurrency)
                 await farm_round(client, "warmup", rows[:warm], prompts[:warm], args.max_tokens)
-                order = [side for k in range(args.rounds) for side in (("plain", "farm") if k % 2 == 0
-                                                                       else ("farm", "plain"))]
+                order = [
+                    side
+                    for k in range(args.rounds)
+                    for side in (("plain", "farm") if k % 2 == 0 else ("farm", "plain"))
+                ]
                 for k, side in enumerate(order):
                     with CpuMeter(server.proc.pid, workers.pids) as cpu:
                         if side == "plain":
@@ -212,9 +249,13 @@ async def bench_concurrency(url: str, server: PolicyServer, config: Path, concur
                     workers.check()
                     res.update(side=side, tokens_per_s=res["tokens"] / res["wall_s"], **cpu.used)
                     rounds.append(res)
-                    print(f"  C={concurrency} round {k + 1}/{len(order)} {side:<5} {res['tokens']:>6} tokens "
-                          f"in {res['wall_s']:6.1f}s = {res['tokens_per_s']:6.1f} tokens/s  "
-                          f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
+                    print(
+                        f"  C={concurrency} round {k + 1}/{len(order)} {side:<5} {res['tokens']:>6} tokens "
+                        f"in {res['wall_s']:6.1f}s = {res['tokens_per_s']:6.1f} tokens/s  "
+                        f"(load {os.getloadavg()[0]:.2f})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             finally:
                 await client.aclose()
     finally:
@@ -223,47 +264,73 @@ async def bench_concurrency(url: str, server: PolicyServer, config: Path, concur
     def total(side: str) -> dict:
         rs = [r for r in rounds if r["side"] == side]
         tokens, wall = sum(r["tokens"] for r in rs), sum(r["wall_s"] for r in rs)
-        return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-                "best_tokens_per_s": max(r["tokens_per_s"] for r in rs), "short": sum(r["short"] for r in rs)}
+        return {
+            "tokens": tokens,
+            "wall_s": wall,
+            "tokens_per_s": tokens / wall,
+            "best_tokens_per_s": max(r["tokens_per_s"] for r in rs),
+            "short": sum(r["short"] for r in rs),
+        }
 
     plain, farm = total("plain"), total("farm")
-    return {"concurrency": concurrency, "processes": args.processes, "requests_per_round": len(rows),
-            "plain": plain, "farm": farm, "ratio": farm["tokens_per_s"] / plain["tokens_per_s"],
-            "best_round_ratio": farm["best_tokens_per_s"] / plain["best_tokens_per_s"],
-            "prompt_mismatch": sum(r.get("prompt_mismatch", 0) for r in rounds), "rounds": rounds,
-            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "concurrency": concurrency,
+        "processes": args.processes,
+        "requests_per_round": len(rows),
+        "plain": plain,
+        "farm": farm,
+        "ratio": farm["tokens_per_s"] / plain["tokens_per_s"],
+        "best_round_ratio": farm["best_tokens_per_s"] / plain["best_tokens_per_s"],
+        "prompt_mismatch": sum(r.get("prompt_mismatch", 0) for r in rounds),
+        "rounds": rounds,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 # -- report -------------------------------------------------------------------------------------
 def report(results: list[dict], meta: dict) -> dict:
     """Print the table, then the whole result as one JSON line."""
-    print(f"farm vs plain client, tokens/s: {meta['model']} on vLLM (CPU), {meta['cpus']} CPUs, "
-          f"max_tokens {meta['max_tokens']} with ignore_eos, {meta['redis']}")
+    print(
+        f"farm vs plain client, tokens/s: {meta['model']} on vLLM (CPU), {meta['cpus']} CPUs, "
+        f"max_tokens {meta['max_tokens']} with ignore_eos, {meta['redis']}"
+    )
     print(f"load average 1/5/15 min: start {meta['load_start']}, end {meta['load_end']}")
-    print(f"{'concurrency':<12} {'requests':>8} {'plain tok/s':>12} {'farm tok/s':>11} {'farm/plain':>11}  "
-          f"{'target':<7} {'result':<7} {'best rounds':>11}  {'cpu s/round vllm|worker|bench, plain -> farm'}")
+    print(
+        f"{'concurrency':<12} {'requests':>8} {'plain tok/s':>12} {'farm tok/s':>11} {'farm/plain':>11}  "
+        f"{'target':<7} {'result':<7} {'best rounds':>11}  {'cpu s/round vllm|worker|bench, plain -> farm'}"
+    )
     print("-" * 140)
     for res in results:
+
         def cpu(side: str) -> str:
             rs = [r for r in res["rounds"] if r["side"] == side]
-            return "|".join(f"{sum(r[k] for r in rs) / len(rs):.1f}"
-                            for k in ("vllm_cpu_s", "worker_cpu_s", "bench_cpu_s"))
+            return "|".join(
+                f"{sum(r[k] for r in rs) / len(rs):.1f}" for k in ("vllm_cpu_s", "worker_cpu_s", "bench_cpu_s")
+            )
+
         met = res["ratio"] >= TARGET_RATIO
-        print(f"C={res['concurrency']:<10} {res['requests_per_round']:>5} x{len(res['rounds']) // 2} "
-              f"{res['plain']['tokens_per_s']:>12.1f} {res['farm']['tokens_per_s']:>11.1f} "
-              f"{res['ratio'] * 100:>10.1f}%  >= {TARGET_RATIO:.0%}  {'ok' if met else 'MISSED':<7} "
-              f"{res['best_round_ratio'] * 100:>10.1f}%  {cpu('plain')} -> {cpu('farm')}")
+        print(
+            f"C={res['concurrency']:<10} {res['requests_per_round']:>5} x{len(res['rounds']) // 2} "
+            f"{res['plain']['tokens_per_s']:>12.1f} {res['farm']['tokens_per_s']:>11.1f} "
+            f"{res['ratio'] * 100:>10.1f}%  >= {TARGET_RATIO:.0%}  {'ok' if met else 'MISSED':<7} "
+            f"{res['best_round_ratio'] * 100:>10.1f}%  {cpu('plain')} -> {cpu('farm')}"
+        )
     problems = []
     for res in results:
         if res["farm"]["short"] or res["plain"]["short"]:
-            problems.append(f"C={res['concurrency']}: {res['farm']['short']} farm / {res['plain']['short']} plain "
-                            f"completions shorter than max_tokens (ignore_eos not honoured?)")
+            problems.append(
+                f"C={res['concurrency']}: {res['farm']['short']} farm / {res['plain']['short']} plain "
+                f"completions shorter than max_tokens (ignore_eos not honoured?)"
+            )
         if res["prompt_mismatch"]:
             problems.append(f"C={res['concurrency']}: {res['prompt_mismatch']} farm prompts differ from the plain ones")
     for p in problems:
         print(f"WARNING: {p}")
-    print("farm/plain: total tokens over total time per side; best rounds: fastest farm round over fastest "
-          "plain round (less sensitive to a load spike from other jobs)")
+    print(
+        "farm/plain: total tokens over total time per side; best rounds: fastest farm round over fastest "
+        "plain round (less sensitive to a load spike from other jobs)"
+    )
     print(f"bench runtime {meta['runtime_s']:.0f}s")
     summary = {"meta": meta, "results": results, "target_ratio": TARGET_RATIO, "problems": problems}
     print(json.dumps(summary))
@@ -276,11 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="the Redis to run the farm on")
     p.add_argument("--concurrency", default="8,32", help="concurrencies to measure, comma-separated")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (ignore_eos)")
-    p.add_argument("--requests", type=int, default=None,
-                   help="requests per timed round (default: max(32, 2 x concurrency))")
+    p.add_argument(
+        "--requests", type=int, default=None, help="requests per timed round (default: max(32, 2 x concurrency))"
+    )
     p.add_argument("--rounds", type=int, default=2, help="timed rounds per side, in ABBA order")
-    p.add_argument("--processes", type=int, default=1,
-                   help="farm worker processes; each runs concurrency / processes agent loops")
+    p.add_argument(
+        "--processes", type=int, default=1, help="farm worker processes; each runs concurrency / processes agent loops"
+    )
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0, help="seed of the generated single_tool_call rows")
     args = p.parse_args(argv)
@@ -293,9 +362,20 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="farm-bench-policy-")))
         config = tmp / "farm.yaml"
-        config.write_text(yaml.safe_dump({"agents": {AGENT: {
-            "env": "single_tool_call", "loop": "single_turn", "max_steps": 1,
-            "sampling": {"max_tokens": args.max_tokens, "ignore_eos": True}}}}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "agents": {
+                        AGENT: {
+                            "env": "single_tool_call",
+                            "loop": "single_turn",
+                            "max_steps": 1,
+                            "sampling": {"max_tokens": args.max_tokens, "ignore_eos": True},
+                        }
+                    }
+                }
+            )
+        )
         server = PolicyServer(model_dir, max_model_len=args.max_model_len, log_path=tmp / "vllm.log")
         server.start()
         stack.callback(server.stop)
@@ -304,13 +384,22 @@ def main(argv: list[str] | None = None) -> int:
         for c in (int(x) for x in args.concurrency.split(",")):
             n = args.requests or max(32, 2 * c)
             rows = generate(n, seed=args.seed)
-            results.append(asyncio.run(bench_concurrency(args.redis_url, server, config, c, rows,
-                                                         prompt_ids(tok, rows), args, tmp)))
-    meta = {"model": model_dir.name, "cpus": os.cpu_count(), "python": platform.python_version(),
-            "redis": f"Redis {info['redis_version']}", "max_tokens": args.max_tokens,
-            "load_start": load_start, "load_end": [round(x, 2) for x in os.getloadavg()],
-            "runtime_s": round(time.monotonic() - started, 1),
-            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}
+            results.append(
+                asyncio.run(
+                    bench_concurrency(args.redis_url, server, config, c, rows, prompt_ids(tok, rows), args, tmp)
+                )
+            )
+    meta = {
+        "model": model_dir.name,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "redis": f"Redis {info['redis_version']}",
+        "max_tokens": args.max_tokens,
+        "load_start": load_start,
+        "load_end": [round(x, 2) for x in os.getloadavg()],
+        "runtime_s": round(time.monotonic() - started, 1),
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+    }
     report(results, meta)
     return 0
 

@@ -45,16 +45,22 @@ import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 _json = msgspec.json
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 class Script(msgspec.Struct, kw_only=True):
     """What the server answers: token replies (completions) and message replies (chat / responses)."""
 
-    token_replies: list[list[int]] = []        # each ends with the model's EOS id
+    token_replies: list[list[int]] = []  # each ends with the model's EOS id
     token_logprob: float = -0.25
-    chat_replies: list[dict[str, Any]] = []    # {"content": str, "tool_calls": [{"name", "arguments"}]}
+    chat_replies: list[dict[str, Any]] = []  # {"content": str, "tool_calls": [{"name", "arguments"}]}
     model: str = "stub"
     max_model_len: int = 4096
 
@@ -98,11 +104,23 @@ class State:
         limit = body.get("max_tokens")
         if isinstance(limit, int) and limit < len(ids):
             ids, finish = ids[:limit], "length"
-        return {"id": "cmpl-stub", "object": "text_completion", "model": self.script.model,
-                "choices": [{"index": 0, "text": "", "finish_reason": finish,
-                             "logprobs": {"tokens": [f"token_id:{i}" for i in ids],
-                                          "token_logprobs": [self.script.token_logprob] * len(ids)}}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}}
+        return {
+            "id": "cmpl-stub",
+            "object": "text_completion",
+            "model": self.script.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "",
+                    "finish_reason": finish,
+                    "logprobs": {
+                        "tokens": [f"token_id:{i}" for i in ids],
+                        "token_logprobs": [self.script.token_logprob] * len(ids),
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+        }
 
     def _chat_reply(self, turn: int) -> dict:
         replies = self.script.chat_replies or [{"content": "ok"}]
@@ -116,13 +134,22 @@ class State:
         message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
         calls = reply.get("tool_calls") or []
         if calls:
-            message["tool_calls"] = [{"id": f"call_{i}", "type": "function",
-                                      "function": {"name": c["name"], "arguments": _json.encode(
-                                          c.get("arguments", {})).decode()}} for i, c in enumerate(calls)]
-        return {"id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()),
-                "model": self.script.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": _json.encode(c.get("arguments", {})).decode()},
+                }
+                for i, c in enumerate(calls)
+            ]
+        return {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.script.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }
 
     def responses(self, body: dict) -> dict:
         items = body.get("input")
@@ -130,26 +157,59 @@ class State:
             items = [{"role": "user", "content": items}]
         if not isinstance(items, list):
             raise ValueError("input must be a string or a list of items")
-        turn = sum(1 for i in items if isinstance(i, dict) and
-                   (i.get("role") == "assistant" or i.get("type") == "function_call_output"))
+        turn = sum(
+            1
+            for i in items
+            if isinstance(i, dict) and (i.get("role") == "assistant" or i.get("type") == "function_call_output")
+        )
         reply = self._chat_reply(turn)
         output: list[dict] = []
         if reply.get("content"):
-            output.append({"type": "message", "id": "msg_stub", "role": "assistant", "status": "completed",
-                           "content": [{"type": "output_text", "text": reply["content"], "annotations": []}]})
+            output.append(
+                {
+                    "type": "message",
+                    "id": "msg_stub",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": reply["content"], "annotations": []}],
+                }
+            )
         for i, c in enumerate(reply.get("tool_calls") or []):
-            output.append({"type": "function_call", "id": f"fc_{i}", "call_id": f"call_{turn}_{i}",
-                           "name": c["name"], "arguments": _json.encode(c.get("arguments", {})).decode(),
-                           "status": "completed"})
-        return {"id": "resp_stub", "object": "response", "created_at": int(time.time()), "status": "completed",
-                "model": self.script.model, "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
-                "tools": [], "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
-                                       "input_tokens_details": {"cached_tokens": 0},
-                                       "output_tokens_details": {"reasoning_tokens": 0}}}
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{i}",
+                    "call_id": f"call_{turn}_{i}",
+                    "name": c["name"],
+                    "arguments": _json.encode(c.get("arguments", {})).decode(),
+                    "status": "completed",
+                }
+            )
+        return {
+            "id": "resp_stub",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": self.script.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": 10,
+                "output_tokens": 5,
+                "total_tokens": 15,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        }
 
 
-_MODEL_PATHS = {"/v1/completions": State.completion, "/v1/chat/completions": State.chat,
-                "/v1/responses": State.responses}
+_MODEL_PATHS = {
+    "/v1/completions": State.completion,
+    "/v1/chat/completions": State.chat,
+    "/v1/responses": State.responses,
+}
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -187,7 +247,7 @@ class HttpProtocol(asyncio.Protocol):
             end = head_end + 4 + length
             if len(self.buf) < end:
                 return
-            body, self.buf = self.buf[head_end + 4:end], self.buf[end:]
+            body, self.buf = self.buf[head_end + 4 : end], self.buf[end:]
             self.handle(method, target.split("?", 1)[0], body)
 
     def handle(self, method: str, path: str, body: bytes) -> None:
@@ -197,8 +257,13 @@ class HttpProtocol(asyncio.Protocol):
             fault = st.fault if st.fault and st.fault >= 500 and not st.error_rate else None
             self._send(fault or 200, {} if fault is None else {"error": "injected"})
         elif path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": st.script.model, "object": "model",
-                                                         "max_model_len": st.script.max_model_len}]})
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": st.script.model, "object": "model", "max_model_len": st.script.max_model_len}],
+                },
+            )
         elif path == "/stats":
             self._send(200, dict(st.stats))
         elif path == "/control" and method == "POST":
@@ -238,24 +303,43 @@ class HttpProtocol(asyncio.Protocol):
             st.error_rate = float(change["error_rate"])
         if "retry_after" in change:
             st.retry_after = None if change["retry_after"] is None else float(change["retry_after"])
-        self._send(200, {"latency_s": st.latency_s, "jitter_s": st.jitter_s, "fault": st.fault,
-                         "error_rate": st.error_rate, "retry_after": st.retry_after})
+        self._send(
+            200,
+            {
+                "latency_s": st.latency_s,
+                "jitter_s": st.jitter_s,
+                "fault": st.fault,
+                "error_rate": st.error_rate,
+                "retry_after": st.retry_after,
+            },
+        )
 
     def _send(self, status: int, payload: Any, headers: Optional[dict] = None, close: bool = False) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         data = _json.encode(payload)
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        if close:
+            extra += "Connection: close\r\n"
         self.transport.write(
             f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n{extra}{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n"
-            .encode() + data)
+            f"Content-Length: {len(data)}\r\n{extra}\r\n".encode()
+            + data
+        )
         if close:
             self.transport.close()
 
 
-async def serve(script: Script, host: str, port: int, latency_s: float, jitter_s: float,
-                fault: Optional[int] = None, error_rate: float = 0.0, retry_after: Optional[float] = None) -> None:
+async def serve(
+    script: Script,
+    host: str,
+    port: int,
+    latency_s: float,
+    jitter_s: float,
+    fault: Optional[int] = None,
+    error_rate: float = 0.0,
+    retry_after: Optional[float] = None,
+) -> None:
     state = State(script, latency_s, jitter_s)
     state.fault, state.error_rate, state.retry_after = fault, error_rate, retry_after
     loop = asyncio.get_running_loop()
@@ -277,8 +361,17 @@ def free_port() -> int:
 class StubProcess:
     """The stub in a process of its own (so its CPU is not the client's), restartable on one port."""
 
-    def __init__(self, script: Script, *, latency_s: float = 0.05, jitter_s: float = 0.0, port: int = 0,
-                 log_path: Optional[Path] = None, workdir: Optional[Path] = None, **faults: Any):
+    def __init__(
+        self,
+        script: Script,
+        *,
+        latency_s: float = 0.05,
+        jitter_s: float = 0.0,
+        port: int = 0,
+        log_path: Optional[Path] = None,
+        workdir: Optional[Path] = None,
+        **faults: Any,
+    ):
         self.port = port or free_port()
         self.workdir = Path(workdir or os.environ.get("TMPDIR", "/tmp"))
         self.script_path = self.workdir / f"policy-stub-{self.port}.json"
@@ -297,15 +390,30 @@ class StubProcess:
     def start(self, timeout_s: float = 20.0) -> "StubProcess":
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "bench.policy_stub", "--port", str(self.port),
-                                          "--replies", str(self.script_path), *self.args],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=ROOT, env=env)
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.policy_stub",
+                    "--port",
+                    str(self.port),
+                    "--replies",
+                    str(self.script_path),
+                    *self.args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+                env=env,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"policy stub exited with {self.proc.returncode}: "
-                                   f"{self.log_path.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"policy stub exited with {self.proc.returncode}: "
+                    f"{self.log_path.read_text(errors='replace')[-2000:]}"
+                )
             try:
                 self.get("/stats")
                 return self
@@ -324,8 +432,12 @@ class StubProcess:
             return _json.decode(resp.read())
 
     def control(self, **change: Any) -> dict:
-        req = urllib.request.Request(self.url + "/control", data=_json.encode(change), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + "/control",
+            data=_json.encode(change),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=5) as resp:
             return _json.decode(resp.read())
 
@@ -360,8 +472,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ImportError:
         uvloop = None
     runner = uvloop.run if uvloop else asyncio.run
-    runner(serve(script, args.host, args.port, args.latency, args.jitter, args.fault, args.error_rate,
-                 args.retry_after))
+    runner(
+        serve(script, args.host, args.port, args.latency, args.jitter, args.fault, args.error_rate, args.retry_after)
+    )
     return 0
 
 

@@ -36,16 +36,22 @@ from envs.sandbox import Limits, run_program  # noqa: E402
 def reference_module(rev: str):
     """The previous sandbox, loaded from git as a module of its own."""
     if not rev:
-        deleted = subprocess.run(["git", "rev-list", "-1", "HEAD", "--", "envs/sandbox.py"], cwd=ROOT,
-                                 capture_output=True, text=True, check=True).stdout.strip()
+        deleted = subprocess.run(
+            ["git", "rev-list", "-1", "HEAD", "--", "envs/sandbox.py"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         rev = f"{deleted}^"
-    source = subprocess.run(["git", "show", f"{rev}:envs/sandbox.py"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{rev}:envs/sandbox.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     path = Path(tempfile.mkdtemp(prefix="farm-bench-")) / "reference_sandbox.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("reference_sandbox", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["reference_sandbox"] = module   # dataclasses look their module up while it loads
+    sys.modules["reference_sandbox"] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module, rev
 
@@ -72,7 +78,10 @@ def main() -> int:
     rows = [make_row(rng.choice(FAMILIES), rng) for _ in range(args.runs)]
     jobs = [(reference_solution(r), r["verifier_metadata"]["unit_tests"]) for r in rows]
     ref, rev = reference_module(args.reference)
-    contenders = {"current": (run_program, Limits(wall_s=10)), f"reference {rev[:12]}": (ref.run_program, ref.Limits(wall_s=10))}
+    contenders = {
+        "current": (run_program, Limits(wall_s=10)),
+        f"reference {rev[:12]}": (ref.run_program, ref.Limits(wall_s=10)),
+    }
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(args.rounds):
         for name, (run, limits) in contenders.items():
@@ -81,8 +90,10 @@ def main() -> int:
                 print(f"{name}: only {ok} of {len(jobs)} reference solutions passed", file=sys.stderr)
                 return 1
             rates[name].append(rate)
-    print(f"sandbox runs per second, {args.runs} code_gen reference solutions x {args.rounds} rounds, "
-          f"{args.parallel} at a time, {os.cpu_count()} CPUs")
+    print(
+        f"sandbox runs per second, {args.runs} code_gen reference solutions x {args.rounds} rounds, "
+        f"{args.parallel} at a time, {os.cpu_count()} CPUs"
+    )
     print(f"{'sandbox':<28}{'best':>10}{'median':>10}")
     for name, values in rates.items():
         print(f"{name:<28}{max(values):>10.1f}{sorted(values)[len(values) // 2]:>10.1f}")

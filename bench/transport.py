@@ -94,7 +94,7 @@ async def measure_latency(client: FarmClient, run_id: str, rate: float, seconds:
             if delay > 0:
                 await asyncio.sleep(delay)
             now = time.time()
-            batch = [msgspec.structs.replace(t, created_at=now) for t in tasks[k * per_tick:(k + 1) * per_tick]]
+            batch = [msgspec.structs.replace(t, created_at=now) for t in tasks[k * per_tick : (k + 1) * per_tick]]
             await client.submit(batch)
         return time.monotonic() - t0
 
@@ -102,16 +102,27 @@ async def measure_latency(client: FarmClient, run_id: str, rate: float, seconds:
     waits = sorted(r.timings.queue_wait_s * 1000 for r in rollouts.values() if r.ok)
     if len(waits) != len(tasks):
         raise SystemExit(f"{len(tasks) - len(waits)} of {len(tasks)} paced rollouts failed or went missing")
-    return {"tasks": len(tasks), "offered_per_s": len(tasks) / offered_s, "p50_ms": percentile(waits, 0.50),
-            "p99_ms": percentile(waits, 0.99), "max_ms": waits[-1]}
+    return {
+        "tasks": len(tasks),
+        "offered_per_s": len(tasks) / offered_s,
+        "p50_ms": percentile(waits, 0.50),
+        "p99_ms": percentile(waits, 0.99),
+        "max_ms": waits[-1],
+    }
 
 
 def measure_codec(tokens: int = 8192, iterations: int = 5000) -> dict:
-    trace = schema.TokenTrace.build(range(512), [i % 32000 for i in range(tokens)], [-0.5] * tokens,
-                                    [1] * tokens, [(0, tokens)])
+    trace = schema.TokenTrace.build(
+        range(512), [i % 32000 for i in range(tokens)], [-0.5] * tokens, [1] * tokens, [(0, tokens)]
+    )
     task = schema.Task.new(run_id="bench", agent=AGENT, row=row(0), reply_to="bench:results:bench")
-    rollout = schema.Rollout.for_task(task, status=schema.Status.ok, reward=1.0, trace=trace,
-                                      output=[{"type": "message", "role": "assistant", "content": "x" * 2000}])
+    rollout = schema.Rollout.for_task(
+        task,
+        status=schema.Status.ok,
+        reward=1.0,
+        trace=trace,
+        output=[{"type": "message", "role": "assistant", "content": "x" * 2000}],
+    )
     assert schema.decode_rollout(schema.entry(rollout)) == rollout
     for _ in range(200):  # warm caches and the allocator
         schema.decode_rollout(schema.entry(rollout))
@@ -119,8 +130,12 @@ def measure_codec(tokens: int = 8192, iterations: int = 5000) -> dict:
     for _ in range(iterations):
         schema.decode_rollout(schema.entry(rollout))
     mean_ms = (time.perf_counter() - start) / iterations * 1000
-    return {"tokens": tokens, "iterations": iterations, "entry_bytes": len(schema.entry(rollout)[b"d"]),
-            "mean_ms": mean_ms}
+    return {
+        "tokens": tokens,
+        "iterations": iterations,
+        "entry_bytes": len(schema.entry(rollout)[b"d"]),
+        "mean_ms": mean_ms,
+    }
 
 
 async def bench_pool(url: str, processes: int, args: argparse.Namespace, log_dir: Path) -> dict:
@@ -151,20 +166,39 @@ def report(results: list[dict], codec: dict, meta: dict) -> dict:
         p, t, lat = res["processes"], res["throughput"], res["latency"]
         load = f"{lat['offered_per_s']:,.0f} tasks/s offered"
         rows += [
-            (f"throughput, {p} proc x {res['concurrency']}, {t['tasks']:,} tasks", t["rollouts_per_s"], "/s",
-             f">= {TARGETS['rollouts_per_s']:,.0f}/s", t["rollouts_per_s"] >= TARGETS["rollouts_per_s"]),
+            (
+                f"throughput, {p} proc x {res['concurrency']}, {t['tasks']:,} tasks",
+                t["rollouts_per_s"],
+                "/s",
+                f">= {TARGETS['rollouts_per_s']:,.0f}/s",
+                t["rollouts_per_s"] >= TARGETS["rollouts_per_s"],
+            ),
             (f"pickup latency p50, {p} proc, {load}", lat["p50_ms"], "ms", "", None),
-            (f"pickup latency p99, {p} proc, {load}", lat["p99_ms"], "ms",
-             f"< {TARGETS['p99_ms']:g} ms", lat["p99_ms"] < TARGETS["p99_ms"]),
+            (
+                f"pickup latency p99, {p} proc, {load}",
+                lat["p99_ms"],
+                "ms",
+                f"< {TARGETS['p99_ms']:g} ms",
+                lat["p99_ms"] < TARGETS["p99_ms"],
+            ),
         ]
-    rows.append((f"encode+decode, {codec['tokens']:,}-token rollout, mean", codec["mean_ms"], "ms",
-                 f"< {TARGETS['codec_ms']:g} ms", codec["mean_ms"] < TARGETS["codec_ms"]))
+    rows.append(
+        (
+            f"encode+decode, {codec['tokens']:,}-token rollout, mean",
+            codec["mean_ms"],
+            "ms",
+            f"< {TARGETS['codec_ms']:g} ms",
+            codec["mean_ms"] < TARGETS["codec_ms"],
+        )
+    )
 
     print(f"farm transport benchmark: {meta['redis']}, {meta['cpus']} CPUs, Python {meta['python']}")
     print(f"{'measurement':<52} {'value':>12}  {'target':<11} result")
     print("-" * 85)
     for name, value, unit, target, met in rows:
-        shown = f"{value:,.0f} {unit}" if unit == "/s" else f"{value:.4f} {unit}" if value < 1 else f"{value:.2f} {unit}"
+        shown = (
+            f"{value:,.0f} {unit}" if unit == "/s" else f"{value:.4f} {unit}" if value < 1 else f"{value:.2f} {unit}"
+        )
         print(f"{name:<52} {shown:>12}  {target:<11} {'' if met is None else 'ok' if met else 'MISSED'}")
     summary = {"meta": meta, "pools": results, "codec": codec, "targets": TARGETS}
     print(json.dumps(summary))
@@ -173,12 +207,20 @@ def report(results: list[dict], codec: dict, meta: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0",
-                   help="Redis to measure against; if nothing answers, an embedded one is started")
+    p.add_argument(
+        "--redis-url",
+        default="redis://127.0.0.1:6379/0",
+        help="Redis to measure against; if nothing answers, an embedded one is started",
+    )
     p.add_argument("--tasks", type=int, default=20_000, help="tasks in the timed throughput batch")
     p.add_argument("--warmup", type=int, default=1_000, help="tasks run (untimed) before the timed batch")
-    p.add_argument("--concurrency", type=int, default=256, help="concurrent rollouts per worker process; a noop rollout takes no time, so "
-                        "this is in effect how many tasks one XREADGROUP may fetch")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=256,
+        help="concurrent rollouts per worker process; a noop rollout takes no time, so "
+        "this is in effect how many tasks one XREADGROUP may fetch",
+    )
     p.add_argument("--processes", default="1,2", help="worker process counts to measure, comma-separated")
     p.add_argument("--rate", type=float, default=1000.0, help="offered load for the latency run, tasks/s")
     p.add_argument("--seconds", type=float, default=5.0, help="length of the latency run")
@@ -194,9 +236,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nothing answers at {url}; starting an embedded Redis", file=sys.stderr)
             url = stack.enter_context(EmbeddedRedis(tmp / "redis", appendfsync="no")).url
         info = redis.Redis.from_url(url).info("server")
-        meta = {"redis": f"Redis {info['redis_version']} at {urlsplit(url).hostname}:{urlsplit(url).port}",
-                "cpus": os.cpu_count(), "python": platform.python_version(),
-                "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}
+        meta = {
+            "redis": f"Redis {info['redis_version']} at {urlsplit(url).hostname}:{urlsplit(url).port}",
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        }
         results = [asyncio.run(bench_pool(url, int(n), args, tmp)) for n in args.processes.split(",")]
         report(results, codec, meta)
     return 0

@@ -33,7 +33,7 @@ from farm.errors import FarmError
 
 AGENT_TYPE = "responses_api_agents"
 ROLES = {"system", "developer", "user", "assistant", "tool"}
-MAX_REPORTED = 20   # errors listed in a DataError message; all are counted
+MAX_REPORTED = 20  # errors listed in a DataError message; all are counted
 
 
 @dataclass
@@ -100,11 +100,17 @@ def row_types(agent_envs: Optional[Mapping[str, str]] = None) -> RowTypeOf:
             env = (agent_envs or {}).get(agent, agent)
             found[agent] = getattr(envs[env].load(), "row_type", None) if env in envs else None
         return found[agent]
+
     return of
 
 
-def check_row(row: object, *, agents: Optional[Collection[str]] = None, need_agent_ref: bool = True,
-              row_type_of: Optional[RowTypeOf] = None) -> list[str]:
+def check_row(
+    row: object,
+    *,
+    agents: Optional[Collection[str]] = None,
+    need_agent_ref: bool = True,
+    row_type_of: Optional[RowTypeOf] = None,
+) -> list[str]:
     """What is wrong with one decoded row (empty when nothing), phrased for a person. With
     `row_type_of`, the row is also checked against its agent's environment's Row type."""
     if not isinstance(row, dict):
@@ -119,8 +125,7 @@ def check_row(row: object, *, agents: Optional[Collection[str]] = None, need_age
         problems += _check_input(params.get("input"))
         problems += _check_tools(params.get("tools"))
     follow = row.get("follow_up_messages")
-    if follow is not None and not (isinstance(follow, list)
-                                   and all(isinstance(m, (str, dict)) for m in follow)):
+    if follow is not None and not (isinstance(follow, list) and all(isinstance(m, (str, dict)) for m in follow)):
         problems.append("`follow_up_messages` must be a list of strings or messages")
     ref = row.get("agent_ref")
     if ref is None:
@@ -163,8 +168,9 @@ def _check_input(items: object) -> list[str]:
         if m.get("role") not in ROLES:
             return [f"{where} has role {m.get('role')!r}; expected one of {', '.join(sorted(ROLES))}"]
         content = m.get("content", "")
-        if not isinstance(content, str) and not (isinstance(content, list)
-                                                 and all(isinstance(p, dict) for p in content)):
+        if not isinstance(content, str) and not (
+            isinstance(content, list) and all(isinstance(p, dict) for p in content)
+        ):
             return [f"{where}.content must be a string or a list of content parts"]
     return []
 
@@ -233,8 +239,15 @@ def _report(summary: Summary, verb: str) -> Summary:
 
 
 # -- commands ------------------------------------------------------------------------------
-def run_generate(env_name: str, size: int, seed: int, output: str | Path, *, agent: Optional[str] = None,
-                 options: Optional[dict] = None) -> Summary:
+def run_generate(
+    env_name: str,
+    size: int,
+    seed: int,
+    output: str | Path,
+    *,
+    agent: Optional[str] = None,
+    options: Optional[dict] = None,
+) -> Summary:
     """`size` rows from environment `env_name`'s generator, as JSONL, the same for the same seed.
 
     Every row is routed to `agent` (default: the environment's name); any agent_ref the
@@ -255,17 +268,23 @@ def run_generate(env_name: str, size: int, seed: int, output: str | Path, *, age
             row = {**row, "agent_ref": dict(ref)}
             problems = check_row(row) or _check_type(row, env.row_type)
             if problems:
-                raise DataError(f"environment {env_name} generated an invalid row",
-                                [RowError(i, p) for p in problems])
+                raise DataError(f"environment {env_name} generated an invalid row", [RowError(i, p) for p in problems])
             f.write(_dump(row))
             summary.rows += 1
     summary.per_agent[ref["name"]] = summary.rows
     return _report(summary, "generated")
 
 
-def run_prepare(path: str | Path, agent: Optional[str] = None, output: Optional[str | Path] = None, *,
-                strict: bool = True, agents: Optional[Collection[str]] = None,
-                replace_agent: bool = False, row_type_of: Optional[RowTypeOf] = None) -> Summary:
+def run_prepare(
+    path: str | Path,
+    agent: Optional[str] = None,
+    output: Optional[str | Path] = None,
+    *,
+    strict: bool = True,
+    agents: Optional[Collection[str]] = None,
+    replace_agent: bool = False,
+    row_type_of: Optional[RowTypeOf] = None,
+) -> Summary:
     """Validate every row of a JSONL file and write it back ready for the farm.
 
     A row without `agent_ref` gets {type: responses_api_agents, name: agent}; with

@@ -120,24 +120,33 @@ def grade(row: IFRow, response: str, default_grading: str = "binary") -> Verdict
     components: dict[str, float] = {}
     for instruction_id, ok in zip(fields["instruction_id_list"], followed):
         key, n = instruction_id, 1
-        while key in components:           # the same id twice: name the second one id#2
+        while key in components:  # the same id twice: name the second one id#2
             n += 1
             key = f"{instruction_id}#{n}"
         components[key] = float(ok)
     share = sum(followed) / len(followed)
     reward = float(all(followed)) if grading == "binary" else share
-    return Verdict(reward=reward, components=components,
-                   metrics={"follow_all_instructions": all(followed), "follow_instruction_list": followed,
-                            "instructions": len(followed), "instructions_followed": sum(followed),
-                            "fraction_followed": share, "grading_mode": grading})
+    return Verdict(
+        reward=reward,
+        components=components,
+        metrics={
+            "follow_all_instructions": all(followed),
+            "follow_instruction_list": followed,
+            "instructions": len(followed),
+            "instructions_followed": sum(followed),
+            "fraction_followed": share,
+            "grading_mode": grading,
+        },
+    )
 
 
 def _compatible(spec: Instruction, chosen: list[Instruction]) -> bool:
     return all(not (spec.groups & other.groups) for other in chosen)
 
 
-def generate(size: int, seed: int = 0, min_instructions: int = 1, max_instructions: int = 3,
-             grading_mode: Optional[str] = None) -> list[dict]:
+def generate(
+    size: int, seed: int = 0, min_instructions: int = 1, max_instructions: int = 3, grading_mode: Optional[str] = None
+) -> list[dict]:
     """`size` NeMo Gym instruction_following rows, deterministic by seed, made offline."""
     rng = random.Random(seed)
     rows = []
@@ -150,7 +159,7 @@ def generate(size: int, seed: int = 0, min_instructions: int = 1, max_instructio
                 break
             if _compatible(spec, chosen):
                 chosen.append(spec)
-        chosen.sort(key=lambda spec: spec.id == "combination:repeat_prompt")   # it repeats what comes before it
+        chosen.sort(key=lambda spec: spec.id == "combination:repeat_prompt")  # it repeats what comes before it
         parts, kwargs = [topic], []
         for spec in chosen:
             kwargs.append(spec.sample(rng, "\n".join(parts)))

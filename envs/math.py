@@ -42,7 +42,10 @@ class MathRow(Row):
     expected_answer: Union[str, int, float]
     question: Optional[str] = None
 
-PROMPT = "Solve the following math problem. Put the final answer (and only the answer) inside \\boxed{{}}.\n\n{question}"
+
+PROMPT = (
+    "Solve the following math problem. Put the final answer (and only the answer) inside \\boxed{{}}.\n\n{question}"
+)
 
 # --- verifier: the library comparison (a module-level function, so it can run in the pool) ---
 
@@ -110,11 +113,11 @@ class JudgeError(Exception):
 class Judge:
     """An OpenAI-compatible chat endpoint asked whether two answers are equivalent."""
 
-    url: str                      # base URL, with or without the trailing /v1
+    url: str  # base URL, with or without the trailing /v1
     model: str
     max_tokens: int = 256
     timeout_s: float = 30.0
-    retries: int = 2              # tries after the first, on connection errors, 429 and 5xx
+    retries: int = 2  # tries after the first, on connection errors, 429 and 5xx
     backoff_s: float = 0.5
     transport: Optional[httpx.AsyncBaseTransport] = None
 
@@ -133,10 +136,15 @@ class Judge:
 
     async def ask(self, question: str, first: str, second: str) -> str:
         """'equal', 'different', or 'unparsed' (no label: counted as not equal, as NeMo Gym does)."""
-        body = {"model": self.model, "temperature": 0.0, "max_tokens": self.max_tokens,
-                "messages": [{"role": "system", "content": JUDGE_SYSTEM},
-                             {"role": "user", "content": JUDGE_USER.format(question=question, first=first,
-                                                                           second=second)}]}
+        body = {
+            "model": self.model,
+            "temperature": 0.0,
+            "max_tokens": self.max_tokens,
+            "messages": [
+                {"role": "system", "content": JUDGE_SYSTEM},
+                {"role": "user", "content": JUDGE_USER.format(question=question, first=first, second=second)},
+            ],
+        }
         text = await self._post(body)
         eq, ne = text.find(EQUAL), text.find(DIFFERENT)
         if eq < 0 and ne < 0:
@@ -171,12 +179,18 @@ class Judge:
 
 class Math(Environment):
     name = "math"
-    agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=120.0)   # judge included
+    agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=120.0)  # judge included
     row_type = MathRow
-    compare = staticmethod(compare)     # the library comparison; any module-level function can stand in
+    compare = staticmethod(compare)  # the library comparison; any module-level function can stand in
 
-    def __init__(self, judge_url: Optional[str] = None, judge_model: Optional[str] = None, *,
-                 library_timeout_s: float = 10.0, judge: Optional[Judge] = None):
+    def __init__(
+        self,
+        judge_url: Optional[str] = None,
+        judge_model: Optional[str] = None,
+        *,
+        library_timeout_s: float = 10.0,
+        judge: Optional[Judge] = None,
+    ):
         if judge is None and judge_url:
             if not judge_model:
                 raise ValueError("math: judge_url needs judge_model (the model name the judge server serves)")
@@ -265,13 +279,22 @@ def _gcd_lcm(rng):
 def _quadratic(rng):
     r1, r2 = rng.randint(-9, 9), rng.randint(-9, 9)
     s, p = -(r1 + r2), r1 * r2
-    poly = "x^2" + (f" + {s}x" if s > 0 else f" - {-s}x" if s < 0 else "") + (
-        f" + {p}" if p > 0 else f" - {-p}" if p < 0 else "")
+    poly = (
+        "x^2"
+        + (f" + {s}x" if s > 0 else f" - {-s}x" if s < 0 else "")
+        + (f" + {p}" if p > 0 else f" - {-p}" if p < 0 else "")
+    )
     return f"What is the largest root of ${poly} = 0$?", Fraction(max(r1, r2))
 
 
-KINDS = {"fraction_sum": _fraction_sum, "linear_equation": _linear, "power": _power, "percent": _percent,
-         "gcd_lcm": _gcd_lcm, "quadratic_root": _quadratic}
+KINDS = {
+    "fraction_sum": _fraction_sum,
+    "linear_equation": _linear,
+    "power": _power,
+    "percent": _percent,
+    "gcd_lcm": _gcd_lcm,
+    "quadratic_root": _quadratic,
+}
 
 
 def generate(size: int, seed: int = 0) -> list[dict]:
@@ -280,11 +303,13 @@ def generate(size: int, seed: int = 0) -> list[dict]:
     for _ in range(size):
         kind = rng.choice(sorted(KINDS))
         question, value = KINDS[kind](rng)
-        rows.append({
-            "responses_create_params": {"input": [{"role": "user", "content": PROMPT.format(question=question)}]},
-            "agent_ref": {"type": "responses_api_agents", "name": "math"},
-            "question": question,
-            "expected_answer": latex(value),
-            "metadata": {"kind": kind},
-        })
+        rows.append(
+            {
+                "responses_create_params": {"input": [{"role": "user", "content": PROMPT.format(question=question)}]},
+                "agent_ref": {"type": "responses_api_agents", "name": "math"},
+                "question": question,
+                "expected_answer": latex(value),
+                "metadata": {"kind": kind},
+            }
+        )
     return rows

@@ -42,12 +42,12 @@ _ANSWER_COLON = re.compile(r"answer\s*:\s*(.+)", re.I)
 def options_map(options: Any) -> dict[str, str]:
     """NeMo Gym's `[{"A": text}, ...]` as {"A": text}; a malformed list raises ValueError."""
     if not isinstance(options, list) or not options:
-        raise ValueError("row lacks `options` (a list of one-key dicts such as {\"A\": \"...\"})")
+        raise ValueError('row lacks `options` (a list of one-key dicts such as {"A": "..."})')
     out = {}
     for entry in options:
         if not isinstance(entry, dict) or len(entry) != 1:
-            raise ValueError(f"malformed option {entry!r}: expected a one-key dict such as {{\"A\": \"...\"}}")
-        (letter, text), = entry.items()
+            raise ValueError(f'malformed option {entry!r}: expected a one-key dict such as {{"A": "..."}}')
+        ((letter, text),) = entry.items()
         if not (isinstance(letter, str) and len(letter) == 1 and letter.isalpha()):
             raise ValueError(f"malformed option letter {letter!r}")
         out[letter.upper()] = "" if text is None else str(text)
@@ -131,8 +131,11 @@ def custom_regex(text: str, patterns: Any, options: dict[str, str]) -> Optional[
     return None
 
 
-GRADERS = {"strict_single_letter_boxed": strict_boxed, "lenient_boxed": lenient_boxed,
-           "lenient_answer_colon": answer_colon}
+GRADERS = {
+    "strict_single_letter_boxed": strict_boxed,
+    "lenient_boxed": lenient_boxed,
+    "lenient_answer_colon": answer_colon,
+}
 
 
 class MCQARow(Row):
@@ -177,8 +180,11 @@ class MCQA(Environment):
     async def verify(self, row: MCQARow, state: Any, transcript: Transcript) -> Verdict:
         letter, how = grade(transcript.final_text, row)
         correct = letter is not None and letter == row.expected_answer.strip().upper()
-        return Verdict(reward=float(correct), components={"correct": float(correct)},
-                       metrics={"extracted_answer": letter, "graded_by": how, "answered": letter is not None})
+        return Verdict(
+            reward=float(correct),
+            components={"correct": float(correct)},
+            metrics={"extracted_answer": letter, "graded_by": how, "answered": letter is not None},
+        )
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         return generate(size, seed, self.grading_mode)
@@ -186,13 +192,38 @@ class MCQA(Environment):
 
 # --- data: simple questions, made offline ---
 
-CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Peru": "Lima", "Norway": "Oslo", "Egypt": "Cairo",
-            "Kenya": "Nairobi", "Canada": "Ottawa", "Italy": "Rome", "Spain": "Madrid", "Chile": "Santiago",
-            "Germany": "Berlin", "Greece": "Athens", "Poland": "Warsaw", "Ireland": "Dublin",
-            "Portugal": "Lisbon", "Austria": "Vienna", "Thailand": "Bangkok", "Argentina": "Buenos Aires",
-            "Australia": "Canberra", "Mexico": "Mexico City", "India": "New Delhi", "Sweden": "Stockholm"}
-UNITS = [("minutes", "hours", 60), ("seconds", "minutes", 60), ("centimetres", "metres", 100),
-         ("grams", "kilograms", 1000), ("hours", "days", 24), ("days", "weeks", 7)]
+CAPITALS = {
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Peru": "Lima",
+    "Norway": "Oslo",
+    "Egypt": "Cairo",
+    "Kenya": "Nairobi",
+    "Canada": "Ottawa",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Chile": "Santiago",
+    "Germany": "Berlin",
+    "Greece": "Athens",
+    "Poland": "Warsaw",
+    "Ireland": "Dublin",
+    "Portugal": "Lisbon",
+    "Austria": "Vienna",
+    "Thailand": "Bangkok",
+    "Argentina": "Buenos Aires",
+    "Australia": "Canberra",
+    "Mexico": "Mexico City",
+    "India": "New Delhi",
+    "Sweden": "Stockholm",
+}
+UNITS = [
+    ("minutes", "hours", 60),
+    ("seconds", "minutes", 60),
+    ("centimetres", "metres", 100),
+    ("grams", "kilograms", 1000),
+    ("hours", "days", 24),
+    ("days", "weeks", 7),
+]
 
 INSTRUCTIONS = {
     "strict_single_letter_boxed": "Think step by step, then put only the letter of your final answer inside \\boxed{}.",
@@ -200,9 +231,11 @@ INSTRUCTIONS = {
     "lenient_answer_colon": "Finish with a line of the form 'Answer: X', where X is the letter of your choice.",
 }
 TEMPLATES = [  # custom formats through template_metadata.output_regex, as NeMo Gym datasets carry them
-    ("Select one option and conclude with \"Final Choice: X\" where X is the option letter.",
-     r"Final Choice:\s*([A-Za-z])"),
-    ("Conclude with \"ANSWER IS X\" on the final line, where X is the option letter.", r"ANSWER IS\s*([A-Za-z])"),
+    (
+        'Select one option and conclude with "Final Choice: X" where X is the option letter.',
+        r"Final Choice:\s*([A-Za-z])",
+    ),
+    ('Conclude with "ANSWER IS X" on the final line, where X is the option letter.', r"ANSWER IS\s*([A-Za-z])"),
 ]
 
 
@@ -265,7 +298,9 @@ def generate(size: int, seed: int = 0, grading_mode: Optional[str] = None) -> li
         listing = "\n".join(f"{k}: {v}" for o in options for k, v in o.items())
         instruction = template[0] if template else INSTRUCTIONS[mode]
         row = {
-            "responses_create_params": {"input": [{"role": "user", "content": f"{question}\n{listing}\n\n{instruction}"}]},
+            "responses_create_params": {
+                "input": [{"role": "user", "content": f"{question}\n{listing}\n\n{instruction}"}]
+            },
             "agent_ref": {"type": "responses_api_agents", "name": "mcqa"},
             "options": options,
             "expected_answer": expected,
@@ -274,7 +309,10 @@ def generate(size: int, seed: int = 0, grading_mode: Optional[str] = None) -> li
             "metadata": {"kind": kind},
         }
         if template:
-            row["template_metadata"] = {"output_regex": template[1], "template_id": f"farm_mcqa_{TEMPLATES.index(template)}",
-                                        "format_type": "mcqa"}
+            row["template_metadata"] = {
+                "output_regex": template[1],
+                "template_id": f"farm_mcqa_{TEMPLATES.index(template)}",
+                "format_type": "mcqa",
+            }
         rows.append(row)
     return rows

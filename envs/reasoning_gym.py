@@ -39,6 +39,7 @@ class ReasoningRow(Row):
         if not isinstance(task, str) or not task:
             raise ValueError("metadata.source_dataset (the reasoning-gym task name) is missing")
 
+
 _BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
 
 
@@ -85,8 +86,13 @@ class ReasoningGym(Environment):
     agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=60.0)
     row_type = ReasoningRow
 
-    def __init__(self, task: str = "mini_sudoku", tasks: Union[dict[str, float], list[str], None] = None,
-                 config: Optional[dict] = None, score_timeout_s: float = 20.0):
+    def __init__(
+        self,
+        task: str = "mini_sudoku",
+        tasks: Union[dict[str, float], list[str], None] = None,
+        config: Optional[dict] = None,
+        score_timeout_s: float = 20.0,
+    ):
         """`tasks` (names, or names -> weights) makes a mix; `config` holds per-task options,
         keyed by task name for a mix, or the single task's options otherwise."""
         if isinstance(tasks, (list, tuple)):
@@ -105,8 +111,11 @@ class ReasoningGym(Environment):
         answer, source = extract(transcript.final_text)
         entry = {"question": row.question, "answer": row.answer, "metadata": row.metadata}
         value = await self.pool.run(score, task, answer, entry, timeout_s=self.score_timeout_s)
-        return Verdict(reward=value, components={"score": value},
-                       metrics={"task": task, "answer_from": source, "answer_tag": float(source == "answer_tag")})
+        return Verdict(
+            reward=value,
+            components={"score": value},
+            metrics={"task": task, "answer_from": source, "answer_tag": float(source == "answer_tag")},
+        )
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         import reasoning_gym
@@ -115,21 +124,29 @@ class ReasoningGym(Environment):
         if self.tasks:
             from reasoning_gym.composite import DatasetSpec
 
-            specs = [DatasetSpec(name=name, weight=float(w), config=dict(self.config.get(name, {})))
-                     for name, w in self.tasks.items()]
+            specs = [
+                DatasetSpec(name=name, weight=float(w), config=dict(self.config.get(name, {})))
+                for name, w in self.tasks.items()
+            ]
             dataset = reasoning_gym.create_dataset("composite", size=size, seed=seed, datasets=specs)
         else:
             dataset = reasoning_gym.create_dataset(self.task, size=size, seed=seed, **self.config)
         rows = []
         for i in range(size):
             entry = _jsonable(dataset[i])
-            rows.append({
-                "responses_create_params": {"input": [{"role": "system", "content": SYSTEM_PROMPTS["default"]},
-                                                      {"role": "user", "content": entry["question"]}]},
-                "agent_ref": {"type": "responses_api_agents", "name": "reasoning_gym"},
-                "question": entry["question"],
-                "answer": entry["answer"],
-                "metadata": entry["metadata"],
-                "seed": seed,
-            })
+            rows.append(
+                {
+                    "responses_create_params": {
+                        "input": [
+                            {"role": "system", "content": SYSTEM_PROMPTS["default"]},
+                            {"role": "user", "content": entry["question"]},
+                        ]
+                    },
+                    "agent_ref": {"type": "responses_api_agents", "name": "reasoning_gym"},
+                    "question": entry["question"],
+                    "answer": entry["answer"],
+                    "metadata": entry["metadata"],
+                    "seed": seed,
+                }
+            )
         return rows

@@ -22,8 +22,10 @@ from typing import Optional
 
 from envs.sdk import AgentSettings, Environment, Row, Toolset, Transcript, Verdict
 
-SYSTEM = ("You keep a counter through tools. Call increment_counter to add to it and get_counter_value to "
-          "read it, then answer with the final value.")
+SYSTEM = (
+    "You keep a counter through tools. Call increment_counter to add to it and get_counter_value to "
+    "read it, then answer with the final value."
+)
 
 
 @dataclass
@@ -85,11 +87,16 @@ class SessionState(Environment):
     async def verify(self, row: CounterRow, state: Counter, transcript: Transcript) -> Verdict:
         expected = row.expected_count
         right = state.value == expected
-        return Verdict(reward=1.0 if right else 0.0,
-                       components={"called_tool": float(state.increments + state.reads > 0),
-                                   "right_count": float(right)},
-                       metrics={"counter": state.value, "increments": state.increments, "reads": state.reads,
-                                "answered_count": _last_integer(transcript.final_text) == state.value})
+        return Verdict(
+            reward=1.0 if right else 0.0,
+            components={"called_tool": float(state.increments + state.reads > 0), "right_count": float(right)},
+            metrics={
+                "counter": state.value,
+                "increments": state.increments,
+                "reads": state.reads,
+                "answered_count": _last_integer(transcript.final_text) == state.value,
+            },
+        )
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         return generate(size, seed)
@@ -103,12 +110,15 @@ def generate(size: int, seed: int = 0) -> list[dict]:
         initial = rng.randint(0, 9)
         adds = [rng.randint(1, 9) for _ in range(rng.randint(1, 3))]
         ask = " then ".join(f"add {a}" for a in adds) + " then get the count"
-        rows.append({
-            "responses_create_params": {"input": [{"role": "system", "content": SYSTEM},
-                                                  {"role": "user", "content": ask}],
-                                        "tools": tools},
-            "agent_ref": {"type": "responses_api_agents", "name": "session_state"},
-            "initial_count": initial,
-            "expected_count": initial + sum(adds),
-        })
+        rows.append(
+            {
+                "responses_create_params": {
+                    "input": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ask}],
+                    "tools": tools,
+                },
+                "agent_ref": {"type": "responses_api_agents", "name": "session_state"},
+                "initial_count": initial,
+                "expected_count": initial + sum(adds),
+            }
+        )
     return rows

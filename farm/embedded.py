@@ -54,8 +54,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EmbeddedRedis:
     """A redis-server child process with AOF persistence under `data_dir`."""
 
-    def __init__(self, data_dir: str | Path, *, port: int = 0, host: str = "127.0.0.1",
-                 password: Optional[str] = None, appendfsync: str = "everysec", persist: bool = True):
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        password: Optional[str] = None,
+        appendfsync: str = "everysec",
+        persist: bool = True,
+    ):
         self.data_dir = Path(data_dir).expanduser()
         self.host = host
         self.port = port or free_port(host)
@@ -79,10 +87,18 @@ class EmbeddedRedis:
         return [redis_server_binary(), str(self.config_path)]
 
     def config(self) -> str:
-        lines = [f"port {self.port}", f"bind {self.host}", f"dir {self.data_dir}",
-                 "appendonly " + ("yes" if self.persist else "no"), f"appendfsync {self.appendfsync}",
-                 "appendfilename farm.aof", 'save ""', "daemonize no",
-                 f"logfile {self.data_dir / 'redis.log'}", "protected-mode yes"]
+        lines = [
+            f"port {self.port}",
+            f"bind {self.host}",
+            f"dir {self.data_dir}",
+            "appendonly " + ("yes" if self.persist else "no"),
+            f"appendfsync {self.appendfsync}",
+            "appendfilename farm.aof",
+            'save ""',
+            "daemonize no",
+            f"logfile {self.data_dir / 'redis.log'}",
+            "protected-mode yes",
+        ]
         if self.password:
             lines.append(f"requirepass {self.password}")
         return "\n".join(lines) + "\n"
@@ -94,17 +110,24 @@ class EmbeddedRedis:
         fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.config())
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, start_new_session=True,
-                                     preexec_fn=lambda: os.umask(0o077))
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=lambda: os.umask(0o077),
+        )
         client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=1)
         deadline = time.monotonic() + timeout_s
         try:
             while True:
                 if self.proc.poll() is not None:
                     err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                    raise TransportError(f"embedded redis-server exited with {self.proc.returncode}: "
-                                         f"{err.strip() or 'see ' + str(self.data_dir / 'redis.log')}")
+                    raise TransportError(
+                        f"embedded redis-server exited with {self.proc.returncode}: "
+                        f"{err.strip() or 'see ' + str(self.data_dir / 'redis.log')}"
+                    )
                 try:
                     if client.ping():
                         break

@@ -110,6 +110,6 @@ class RolloutFailure(FarmError):
         from farm.schema import ErrorKind
 
         super().__init__(message)
-        self.kind = ErrorKind(kind)       # ValueError for a kind that is not one of ErrorKind
+        self.kind = ErrorKind(kind)  # ValueError for a kind that is not one of ErrorKind
         self.message = message
         self.retryable = retryable

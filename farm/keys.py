@@ -1,13 +1,13 @@
 """Every Redis key the farm uses, built in one place under a namespace.
 
-    {ns}:tasks:{agent}      stream of Tasks, consumer group GROUP
-    {ns}:delayed:{agent}    zset of retries waiting out their backoff (score = due time)
-    {ns}:dead:{agent}       stream of dead letters (entry + reason)
-    {ns}:stats:{agent}      hash of counters: done, failed, retried, dead, duplicate
-    {ns}:results:{run}      stream of Rollouts for one run (a task's reply_to; nothing else may be)
-    {ns}:dead-results       stream of result entries a consumer could not decode (entry + reason)
-    {ns}:agents             set of agent names that ever had tasks
-    {ns}:worker:{id}        heartbeat of a live worker (JSON, expires)
+{ns}:tasks:{agent}      stream of Tasks, consumer group GROUP
+{ns}:delayed:{agent}    zset of retries waiting out their backoff (score = due time)
+{ns}:dead:{agent}       stream of dead letters (entry + reason)
+{ns}:stats:{agent}      hash of counters: done, failed, retried, dead, duplicate
+{ns}:results:{run}      stream of Rollouts for one run (a task's reply_to; nothing else may be)
+{ns}:dead-results       stream of result entries a consumer could not decode (entry + reason)
+{ns}:agents             set of agent names that ever had tasks
+{ns}:worker:{id}        heartbeat of a live worker (JSON, expires)
 """
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ class Keys:
     def is_result_stream(self, key: object) -> bool:
         """Whether `key` may be a task's reply_to: a result stream of this namespace, nothing else."""
         prefix = self.results_prefix()
-        return (isinstance(key, str) and key.startswith(prefix)
-                and _NAME.match(key[len(prefix):]) is not None)
+        return isinstance(key, str) and key.startswith(prefix) and _NAME.match(key[len(prefix) :]) is not None
 
     def dead_results(self) -> str:
         return f"{self.ns}:dead-results"

@@ -15,8 +15,12 @@ _STD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message",
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 6), "level": record.levelname, "logger": record.name,
-               "msg": record.getMessage()}
+        out = {
+            "ts": round(record.created, 6),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         out.update({k: v for k, v in record.__dict__.items() if k not in _STD})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)

@@ -40,20 +40,20 @@ class ErrorKind(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    malformed = "malformed"              # the task entry could not be decoded
-    schema_version = "schema_version"    # the task was written by another schema version
-    unknown_agent = "unknown_agent"      # no agent registered under agent_ref.name
-    agent_error = "agent_error"          # the agent loop raised something unexpected
-    policy = "policy"                    # the model server failed or returned garbage
-    tool = "tool"                        # a tool crashed
-    verifier = "verifier"                # the verifier crashed or timed out
-    timeout = "timeout"                  # the attempt ran past its time limit
-    deadline = "deadline"                # the task's deadline passed before it finished
-    max_attempts = "max_attempts"        # delivered max_attempts times without finishing
-    invariant = "invariant"              # token trace invariants broken
-    bad_reply_to = "bad_reply_to"        # reply_to is not a result stream of the farm's namespace
-    too_large = "too_large"              # the rollout is bigger than max_entry_bytes
-    sandbox_error = "sandbox_error"      # the code sandbox's machinery failed (never the program's 0)
+    malformed = "malformed"  # the task entry could not be decoded
+    schema_version = "schema_version"  # the task was written by another schema version
+    unknown_agent = "unknown_agent"  # no agent registered under agent_ref.name
+    agent_error = "agent_error"  # the agent loop raised something unexpected
+    policy = "policy"  # the model server failed or returned garbage
+    tool = "tool"  # a tool crashed
+    verifier = "verifier"  # the verifier crashed or timed out
+    timeout = "timeout"  # the attempt ran past its time limit
+    deadline = "deadline"  # the task's deadline passed before it finished
+    max_attempts = "max_attempts"  # delivered max_attempts times without finishing
+    invariant = "invariant"  # token trace invariants broken
+    bad_reply_to = "bad_reply_to"  # reply_to is not a result stream of the farm's namespace
+    too_large = "too_large"  # the rollout is bigger than max_entry_bytes
+    sandbox_error = "sandbox_error"  # the code sandbox's machinery failed (never the program's 0)
 
 
 def pack_i32(values: Iterable[int]) -> bytes:
@@ -118,15 +118,33 @@ class Task(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("attempt must be >= 1")
 
     @classmethod
-    def new(cls, *, run_id: str, agent: str, row: dict, reply_to: str, group_id: str | None = None,
-            sample_index: int = 0, sampling: Sampling | None = None, policy_version: int = 0,
-            timeout_s: float | None = None, agent_type: str = "responses_api_agents") -> "Task":
+    def new(
+        cls,
+        *,
+        run_id: str,
+        agent: str,
+        row: dict,
+        reply_to: str,
+        group_id: str | None = None,
+        sample_index: int = 0,
+        sampling: Sampling | None = None,
+        policy_version: int = 0,
+        timeout_s: float | None = None,
+        agent_type: str = "responses_api_agents",
+    ) -> "Task":
         now = time.time()
         return cls(
-            task_id=uuid.uuid4().hex, run_id=run_id, agent_ref=AgentRef(name=agent, type=agent_type),
-            group_id=group_id or uuid.uuid4().hex, sample_index=sample_index, row=row,
-            sampling=sampling or Sampling(), policy_version=policy_version, reply_to=reply_to,
-            created_at=now, deadline=(now + timeout_s) if timeout_s else None,
+            task_id=uuid.uuid4().hex,
+            run_id=run_id,
+            agent_ref=AgentRef(name=agent, type=agent_type),
+            group_id=group_id or uuid.uuid4().hex,
+            sample_index=sample_index,
+            row=row,
+            sampling=sampling or Sampling(),
+            policy_version=policy_version,
+            reply_to=reply_to,
+            created_at=now,
+            deadline=(now + timeout_s) if timeout_s else None,
         )
 
 
@@ -155,10 +173,15 @@ class TokenTrace(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"env_mask has {len(self.env_mask)} entries for {n} completion tokens")
 
     @classmethod
-    def build(cls, prompt_ids: Iterable[int], completion_ids: Iterable[int], logprobs: Iterable[float],
-              env_mask: Iterable[int], turns: list[tuple[int, int]] | None = None) -> "TokenTrace":
-        return cls(pack_i32(prompt_ids), pack_i32(completion_ids), pack_f32(logprobs),
-                   bytes(env_mask), turns or [])
+    def build(
+        cls,
+        prompt_ids: Iterable[int],
+        completion_ids: Iterable[int],
+        logprobs: Iterable[float],
+        env_mask: Iterable[int],
+        turns: list[tuple[int, int]] | None = None,
+    ) -> "TokenTrace":
+        return cls(pack_i32(prompt_ids), pack_i32(completion_ids), pack_f32(logprobs), bytes(env_mask), turns or [])
 
     def prompt(self) -> array:
         return unpack_i32(self.prompt_ids)
@@ -174,7 +197,7 @@ class TokenTrace(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class RolloutError(msgspec.Struct, forbid_unknown_fields=True):
-    kind: ErrorKind          # one enum for the worker, the client, the producer and the dashboard
+    kind: ErrorKind  # one enum for the worker, the client, the producer and the dashboard
     message: str
 
 
@@ -218,13 +241,20 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         fields.setdefault("policy_version", task.policy_version)
         fields.setdefault("attempt", task.attempt)
         fields.setdefault("finished_at", time.time())
-        return cls(task_id=task.task_id, run_id=task.run_id, group_id=task.group_id,
-                   sample_index=task.sample_index, agent_ref=task.agent_ref, **fields)
+        return cls(
+            task_id=task.task_id,
+            run_id=task.run_id,
+            group_id=task.group_id,
+            sample_index=task.sample_index,
+            agent_ref=task.agent_ref,
+            **fields,
+        )
 
     @classmethod
     def failure(cls, task: Task, kind: str, message: str, **fields: Any) -> "Rollout":
-        return cls.for_task(task, status=Status.failed, error=RolloutError(kind=ErrorKind(kind), message=message),
-                            **fields)
+        return cls.for_task(
+            task, status=Status.failed, error=RolloutError(kind=ErrorKind(kind), message=message), **fields
+        )
 
     @property
     def ok(self) -> bool:
@@ -283,7 +313,9 @@ def _decode(decoder: msgspec.msgpack.Decoder, what: str, body: bytes) -> Any:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedEntry(f"bad {what}: {exc}") from None
     except (RecursionError, MemoryError) as exc:
-        raise MalformedEntry(f"bad {what}: body nested too deeply or too large to decode ({type(exc).__name__})") from None
+        raise MalformedEntry(
+            f"bad {what}: body nested too deeply or too large to decode ({type(exc).__name__})"
+        ) from None
     except Exception as exc:
         raise MalformedEntry(f"bad {what}: {type(exc).__name__}: {exc}") from None
 
@@ -326,11 +358,19 @@ def salvage(fields: dict) -> dict[str, Any]:
 def salvaged_failure(info: dict[str, Any], kind: str, message: str, **fields: Any) -> Optional[Rollout]:
     """A `failed` rollout for the task `info` (from salvage()) names, or None when it does not name one."""
     ref = info.get("agent_ref")
+    if not isinstance(ref, dict):
+        return None
     try:
-        return Rollout(task_id=str(info["task_id"]), run_id=str(info["run_id"]), group_id=str(info.get("group_id", "")),
-                       sample_index=int(info.get("sample_index", 0)),
-                       agent_ref=AgentRef(name=str(ref["name"]), type=str(ref.get("type", "responses_api_agents"))),
-                       status=Status.failed, error=RolloutError(kind=ErrorKind(kind), message=message),
-                       finished_at=time.time(), **fields)
+        return Rollout(
+            task_id=str(info["task_id"]),
+            run_id=str(info["run_id"]),
+            group_id=str(info.get("group_id", "")),
+            sample_index=int(info.get("sample_index", 0)),
+            agent_ref=AgentRef(name=str(ref["name"]), type=str(ref.get("type", "responses_api_agents"))),
+            status=Status.failed,
+            error=RolloutError(kind=ErrorKind(kind), message=message),
+            finished_at=time.time(),
+            **fields,
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None

@@ -45,40 +45,40 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     redis_url: Optional[str] = None
     namespace: str = "farm"
     data_dir: str = "~/.cache/rollout-farm"
-    embedded_port: int = 6390             # where the embedded Redis listens (127.0.0.1 only)
+    embedded_port: int = 6390  # where the embedded Redis listens (127.0.0.1 only)
     # Delivery.
     max_attempts: int = 3
-    visibility_timeout_s: float = 60.0     # a pending task idle this long is reclaimed
-    lease_renew_s: float = 15.0            # in-flight tasks are renewed this often
+    visibility_timeout_s: float = 60.0  # a pending task idle this long is reclaimed
+    lease_renew_s: float = 15.0  # in-flight tasks are renewed this often
     reclaim_interval_s: float = 5.0
-    retry_backoff_s: float = 1.0           # first retry delay; doubles, jittered, capped
+    retry_backoff_s: float = 1.0  # first retry delay; doubles, jittered, capped
     retry_backoff_max_s: float = 60.0
-    task_timeout_s: float = 600.0          # one attempt of one rollout
+    task_timeout_s: float = 600.0  # one attempt of one rollout
     # Worker.
     concurrency: int = 32
     grace_period_s: float = 30.0
     heartbeat_ttl_s: float = 15.0
     block_ms: int = 500
-    restart_max: int = 5                   # `--processes P`: a child is restarted at most this often...
-    restart_window_s: float = 60.0         # ...within this window; more crashes stop the pool
+    restart_max: int = 5  # `--processes P`: a child is restarted at most this often...
+    restart_window_s: float = 60.0  # ...within this window; more crashes stop the pool
     # Connection: one retry layer (farm.transport.Outage), jittered exponential backoff bounded by time.
     connect_backoff_s: float = 0.1
     connect_backoff_max_s: float = 5.0
     socket_timeout_s: float = 30.0
-    redis_down_max_s: float = 120.0        # any process gives up after Redis is gone this long
+    redis_down_max_s: float = 120.0  # any process gives up after Redis is gone this long
     max_entry_bytes: int = 32 * 1024 * 1024  # larger task or result entries are dead-lettered, not decoded
-    no_workers_timeout_s: float = 300.0   # `farm collect` gives up on an agent that has had no live worker this long
+    no_workers_timeout_s: float = 300.0  # `farm collect` gives up on an agent that has had no live worker this long
     # Policy: the OpenAI-compatible servers (vLLM) the agent loops call.
-    policy_urls: list[str] = []            # FARM_POLICY_URLS: comma-separated base URLs
-    policy_model: str = "smollm2-135m-instruct"   # the served model name
-    policy_tokenizer: Optional[str] = None # tokenizer dir or name (default: the prepared embedded model)
-    policy_timeout_s: float = 300.0          # one request to the policy
-    policy_retry_budget_s: float = 120.0     # one model call keeps trying (and waiting for a replica) this long
+    policy_urls: list[str] = []  # FARM_POLICY_URLS: comma-separated base URLs
+    policy_model: str = "smollm2-135m-instruct"  # the served model name
+    policy_tokenizer: Optional[str] = None  # tokenizer dir or name (default: the prepared embedded model)
+    policy_timeout_s: float = 300.0  # one request to the policy
+    policy_retry_budget_s: float = 120.0  # one model call keeps trying (and waiting for a replica) this long
     policy_max_retries: int = 4
     # tokens: token-in/token-out against vLLM's /v1/completions (trainable traces);
     # chat / responses: any OpenAI-compatible server through the openai client (text only, not trainable).
     policy_kind: Literal["tokens", "chat", "responses"] = "tokens"
-    policy_api_key: Optional[str] = None   # file or FARM_POLICY_API_KEY; OPENAI_API_KEY for chat/responses
+    policy_api_key: Optional[str] = None  # file or FARM_POLICY_API_KEY; OPENAI_API_KEY for chat/responses
     # Agents: name -> environment and loop settings (from the YAML file).
     agents: dict[str, AgentConfig] = {}
     # Logging.
@@ -87,12 +87,30 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         check_name(self.namespace, "namespace")
-        positive = ("embedded_port", "max_attempts", "visibility_timeout_s", "lease_renew_s", "reclaim_interval_s",
-                    "retry_backoff_s", "retry_backoff_max_s", "task_timeout_s", "concurrency",
-                    "grace_period_s", "heartbeat_ttl_s", "block_ms", "connect_backoff_s",
-                    "connect_backoff_max_s", "socket_timeout_s", "redis_down_max_s", "policy_timeout_s",
-                    "policy_retry_budget_s", "restart_max", "restart_window_s", "max_entry_bytes",
-                    "no_workers_timeout_s")
+        positive = (
+            "embedded_port",
+            "max_attempts",
+            "visibility_timeout_s",
+            "lease_renew_s",
+            "reclaim_interval_s",
+            "retry_backoff_s",
+            "retry_backoff_max_s",
+            "task_timeout_s",
+            "concurrency",
+            "grace_period_s",
+            "heartbeat_ttl_s",
+            "block_ms",
+            "connect_backoff_s",
+            "connect_backoff_max_s",
+            "socket_timeout_s",
+            "redis_down_max_s",
+            "policy_timeout_s",
+            "policy_retry_budget_s",
+            "restart_max",
+            "restart_window_s",
+            "max_entry_bytes",
+            "no_workers_timeout_s",
+        )
         for name in self.__struct_fields__:
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -107,14 +125,17 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"policy URL {url!r} must start with http:// or https://")
         self.policy_urls = [server_root(url) for url in self.policy_urls]
         if self.lease_renew_s >= self.visibility_timeout_s:
-            raise ValueError("lease_renew_s must be shorter than visibility_timeout_s, "
-                             "or live workers lose their tasks to reclaim")
+            raise ValueError(
+                "lease_renew_s must be shorter than visibility_timeout_s, or live workers lose their tasks to reclaim"
+            )
         if self.block_ms / 1000 >= self.socket_timeout_s:
             raise ValueError("block_ms must be shorter than socket_timeout_s")
         if self.redis_url is not None:
             scheme = urlsplit(self.redis_url).scheme
             if scheme not in ("redis", "rediss", "unix"):
-                raise ValueError(f"redis_url must start with redis://, rediss:// or unix://, got {scheme or 'no scheme'!r}")
+                raise ValueError(
+                    f"redis_url must start with redis://, rediss:// or unix://, got {scheme or 'no scheme'!r}"
+                )
 
     @property
     def tokenizer_path(self) -> str:
@@ -170,8 +191,13 @@ def server_root(url: str) -> str:
 FIELDS = tuple(Settings.__struct_fields__)
 
 
-def load_settings(path: str | os.PathLike | None = None, *, env: Mapping[str, str] | None = None,
-                  overrides: Mapping[str, Any] | None = None, base: Settings | None = None) -> Settings:
+def load_settings(
+    path: str | os.PathLike | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    base: Settings | None = None,
+) -> Settings:
     """Build Settings from defaults < YAML file < FARM_* variables < overrides (None values skipped)."""
     env = os.environ if env is None else env
     raw: dict[str, Any] = msgspec.structs.asdict(base) if base else {}
@@ -224,7 +250,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(farm, dict):
         raise ConfigError(f"config file {path}: `farm:` must be a mapping")
     farm = dict(farm)
-    farm.pop("up", None)   # what `farm up` starts: read by farm.up, not a setting
+    farm.pop("up", None)  # what `farm up` starts: read by farm.up, not a setting
     for alias, name in NEMO_GYM_ALIASES.items():
         if alias in farm:
             if name in farm:

@@ -19,8 +19,14 @@ def collect_status(r: redis.Redis, keys: Keys) -> dict:
     out: dict[str, Any] = {"agents": {}, "workers": []}
     for agent in agents:
         stream = keys.tasks(agent)
-        row: dict[str, Any] = {"length": r.xlen(stream), "pending": 0, "lag": None, "consumers": 0,
-                               "delayed": r.zcard(keys.delayed(agent)), "dead": r.xlen(keys.dead(agent))}
+        row: dict[str, Any] = {
+            "length": r.xlen(stream),
+            "pending": 0,
+            "lag": None,
+            "consumers": 0,
+            "delayed": r.zcard(keys.delayed(agent)),
+            "dead": r.xlen(keys.dead(agent)),
+        }
         try:
             for g in r.xinfo_groups(stream):
                 if _s(g["name"]) == GROUP:
@@ -54,22 +60,44 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
         console.print(where, highlight=False, soft_wrap=True)
     t = Table(title="agents", title_justify="left", pad_edge=False, box=None)
     for col in ("agent", "queued", "pending", "lag", "delayed", "dead", "done", "failed", "retried"):
-        t.add_column(col, justify="left" if col == "agent" else "right", no_wrap=True,
-                     overflow="ellipsis", max_width=20 if col == "agent" else None)
+        t.add_column(
+            col,
+            justify="left" if col == "agent" else "right",
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=20 if col == "agent" else None,
+        )
     for agent, row in status["agents"].items():
         c = row["counters"]
-        t.add_row(agent, _n(row["length"]), _n(row["pending"]), _n(row["lag"]), _n(row["delayed"]), _n(row["dead"]),
-                  _n(c.get("done", 0)), _n(c.get("failed", 0)), _n(c.get("retried", 0)))
+        t.add_row(
+            agent,
+            _n(row["length"]),
+            _n(row["pending"]),
+            _n(row["lag"]),
+            _n(row["delayed"]),
+            _n(row["dead"]),
+            _n(c.get("done", 0)),
+            _n(c.get("failed", 0)),
+            _n(c.get("retried", 0)),
+        )
     if not status["agents"]:
         t.add_row("(none yet)", *["0"] * 8)
     console.print(t)
     w = Table(title=f"workers alive: {len(status['workers'])}", title_justify="left", pad_edge=False, box=None)
     for col in ("worker", "agent", "conc", "inflight", "done", "failed"):
-        w.add_column(col, justify="left" if col in ("worker", "agent") else "right", no_wrap=True,
-                     overflow="ellipsis", max_width=34 if col == "worker" else (16 if col == "agent" else None))
+        w.add_column(
+            col,
+            justify="left" if col in ("worker", "agent") else "right",
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=34 if col == "worker" else (16 if col == "agent" else None),
+        )
     for info in sorted(status["workers"], key=lambda x: x.get("worker_id", "")):
-        w.add_row(str(info.get("worker_id", "?")), str(info.get("agent", "?")),
-                  *(_n(info.get(k, 0)) for k in ("concurrency", "inflight", "done", "failed")))
+        w.add_row(
+            str(info.get("worker_id", "?")),
+            str(info.get("agent", "?")),
+            *(_n(info.get(k, 0)) for k in ("concurrency", "inflight", "done", "failed")),
+        )
     console.print(w)
 
 
@@ -90,8 +118,14 @@ def run_status(settings, *, as_json: bool = False, watch_s: Optional[float] = No
             with errors(settings.redis_url):
                 status = collect_status(r, settings.keys)
             if as_json:
-                print(json.dumps({"redis": redact(settings.redis_url), "namespace": settings.namespace, **status},
-                                 indent=None if watch_s else 2, default=str), flush=True)
+                print(
+                    json.dumps(
+                        {"redis": redact(settings.redis_url), "namespace": settings.namespace, **status},
+                        indent=None if watch_s else 2,
+                        default=str,
+                    ),
+                    flush=True,
+                )
             else:
                 if watch_s and console.is_terminal:
                     console.clear()

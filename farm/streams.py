@@ -2,8 +2,9 @@
 
 Every call goes through the process's farm.transport.Outage (the one retry layer), so
 nothing here catches a redis-py exception itself. Reads go through the consumer group
-(`XREADGROUP ... COUNT free_slots`), so a worker never holds more tasks than it can run. Settling a task (rollout to reply_to + XACK, a
-retry into the delayed set, or a dead letter) is one Lua script per task; the Settler
+(`XREADGROUP ... COUNT free_slots`), so a worker never holds more tasks than it can run.
+Settling a task (rollout to reply_to + XACK, a retry into the delayed set, or a dead
+letter) is one Lua script per task; the Settler
 pipelines the scripts of many finished tasks into one round trip, which is what lets a
 single worker process settle thousands of rollouts a second.
 """
@@ -78,27 +79,35 @@ class AgentStream:
             return None
 
     async def read(self, count: int, block_ms: int) -> list[Entry]:
-        resp = await self.outage.call(lambda: self._grouped(lambda: self.r.xreadgroup(
-            GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)), "fetching tasks")
+        resp = await self.outage.call(
+            lambda: self._grouped(
+                lambda: self.r.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+            ),
+            "fetching tasks",
+        )
         return [(_s(i), f) for _, entries in resp or [] for i, f in entries]
 
     async def reclaim(self, min_idle_ms: int, count: int) -> list[tuple[str, dict, int]]:
         """Take over entries idle longer than min_idle_ms; returns (id, fields, deliveries)."""
-        resp = await self.outage.call(lambda: self._grouped(lambda: self.r.xautoclaim(
-            self.stream, GROUP, self.consumer, min_idle_ms, "0-0", count=count)), "reclaiming tasks")
+        resp = await self.outage.call(
+            lambda: self._grouped(
+                lambda: self.r.xautoclaim(self.stream, GROUP, self.consumer, min_idle_ms, "0-0", count=count)
+            ),
+            "reclaiming tasks",
+        )
         if not resp:
             return []
         entries = [(_s(i), f) for i, f in resp[1] if f is not None]
         if not entries:
             return []
 
-        async def deliveries():
+        async def delivery_counts():
             pipe = self.r.pipeline(transaction=False)
             for i, _ in entries:
                 pipe.xpending_range(self.stream, GROUP, min=i, max=i, count=1)
             return await pipe.execute()
 
-        counts = await self.outage.call(deliveries, "reading delivery counts")
+        counts = await self.outage.call(delivery_counts, "reading delivery counts")
         out = []
         for (i, f), p in zip(entries, counts):
             deliveries = p[0]["times_delivered"] if p else 1
@@ -108,8 +117,9 @@ class AgentStream:
     async def renew(self, ids: list[str]) -> list[str]:
         if not ids:
             return []
-        lost = await self.outage.call(lambda: self._script("renew", [self.stream], [GROUP, self.consumer, *ids]),
-                                      "renewing leases")
+        lost = await self.outage.call(
+            lambda: self._script("renew", [self.stream], [GROUP, self.consumer, *ids]), "renewing leases"
+        )
         return [_s(x) for x in lost]
 
     async def release(self, ids: list[str], idle_ms: int) -> int:
@@ -117,13 +127,16 @@ class AgentStream:
         if not ids:
             return 0
         return await self.outage.once(
-            lambda: self._script("release", [self.stream], [GROUP, self.consumer, idle_ms, *ids]),
-            "handing tasks back")
+            lambda: self._script("release", [self.stream], [GROUP, self.consumer, idle_ms, *ids]), "handing tasks back"
+        )
 
     async def promote(self, limit: int = 200) -> int:
-        return await self.outage.call(lambda: self._script(
-            "promote", [self.keys.delayed(self.agent), self.stream], [time.time(), limit, schema.SCHEMA_VERSION]),
-            "promoting due retries")
+        return await self.outage.call(
+            lambda: self._script(
+                "promote", [self.keys.delayed(self.agent), self.stream], [time.time(), limit, schema.SCHEMA_VERSION]
+            ),
+            "promoting due retries",
+        )
 
     async def _script(self, name: str, keys: list, args: list) -> Any:
         try:
@@ -133,8 +146,9 @@ class AgentStream:
             return await self.r.evalsha(SHAS[name], len(keys), *keys, *args)
 
     # Settle operations: (script name, keys, args), executed by the Settler.
-    def settle_op(self, entry_id: str, stat: str, appends: Iterable[tuple[str, dict]],
-                  reply_to: Optional[str] = None) -> tuple:
+    def settle_op(
+        self, entry_id: str, stat: str, appends: Iterable[tuple[str, dict]], reply_to: Optional[str] = None
+    ) -> tuple:
         """SETTLE for one entry; `reply_to`, when given, is the first appended stream and is checked by the script."""
         keys = [self.stream, self.stats]
         args: list = [GROUP, entry_id, stat, self.keys.results_prefix(), 3 if reply_to is not None else 0]
@@ -154,14 +168,30 @@ class AgentStream:
         return self.settle_op(entry_id, stat, [(reply_to, fields or schema.entry(rollout))], reply_to=reply_to)
 
     def retry_op(self, entry_id: str, task: schema.Task, due: float) -> tuple:
-        return ("retry", [self.stream, self.keys.delayed(self.agent), self.stats],
-                [GROUP, entry_id, due, schema.encode(task)])
+        return (
+            "retry",
+            [self.stream, self.keys.delayed(self.agent), self.stats],
+            [GROUP, entry_id, due, schema.encode(task)],
+        )
 
-    def dead_op(self, entry_id: str, fields: dict, kind: str, reason: str, attempts: int,
-                reply: Optional[tuple[str, schema.Rollout]] = None) -> tuple:
+    def dead_op(
+        self,
+        entry_id: str,
+        fields: dict,
+        kind: str,
+        reason: str,
+        attempts: int,
+        reply: Optional[tuple[str, schema.Rollout]] = None,
+    ) -> tuple:
         letter = {
-            "v": fields.get(b"v", b""), "d": fields.get(b"d", b""), "kind": kind, "reason": reason,
-            "agent": self.agent, "attempts": attempts, "worker": self.consumer, "at": time.time(),
+            "v": fields.get(b"v", b""),
+            "d": fields.get(b"d", b""),
+            "kind": kind,
+            "reason": reason,
+            "agent": self.agent,
+            "attempts": attempts,
+            "worker": self.consumer,
+            "at": time.time(),
             "entry_id": entry_id,
         }
         appends = [(self.keys.dead(self.agent), letter)]
@@ -208,8 +238,7 @@ class Settler:
             while len(batch) < self.max_batch and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             try:
-                results = await self.outage.call(lambda: self._execute([op for op, _ in batch]),
-                                                 "settling rollouts")
+                results = await self.outage.call(lambda: self._execute([op for op, _ in batch]), "settling rollouts")
             except Exception as exc:  # TransportError after the bounded retries: tasks stay pending
                 for _, fut in batch:
                     if not fut.done():

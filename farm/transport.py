@@ -34,16 +34,30 @@ from urllib.parse import urlsplit, urlunsplit
 
 from redis import exceptions as rx
 
-from farm.errors import (RedisAuthError, RedisOutOfMemory, RedisScriptError, RedisUnavailable, RedisWrongType,
-                         TransportError)
+from farm.errors import (
+    RedisAuthError,
+    RedisOutOfMemory,
+    RedisScriptError,
+    RedisUnavailable,
+    RedisWrongType,
+    TransportError,
+)
 
 log = logging.getLogger("farm.transport")
 
 T = TypeVar("T")
 
 # Worth another try after a pause: the server is away, starting, read-only for a moment.
-_TRANSIENT = (rx.ConnectionError, rx.TimeoutError, rx.BusyLoadingError, rx.ReadOnlyError, rx.TryAgainError,
-              ConnectionError, TimeoutError, OSError)
+_TRANSIENT = (
+    rx.ConnectionError,
+    rx.TimeoutError,
+    rx.BusyLoadingError,
+    rx.ReadOnlyError,
+    rx.TryAgainError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
 _AUTH_MARKERS = ("NOAUTH", "WRONGPASS", "invalid password", "invalid username-password")
 
 
@@ -80,23 +94,34 @@ def mapped(exc: BaseException, url: str) -> TransportError:
     """The farm's error for a redis-py (or socket) exception. `url` is already redacted."""
     text = str(exc)
     if isinstance(exc, (rx.AuthenticationError, rx.AuthenticationWrongNumberOfArgsError)) or (
-            isinstance(exc, rx.ResponseError) and any(m in text for m in _AUTH_MARKERS)):
-        return RedisAuthError(f"Redis at {url} refused the credentials ({text}): check the password and user "
-                              "in redis_url (FARM_REDIS_URL or the settings file)")
+        isinstance(exc, rx.ResponseError) and any(m in text for m in _AUTH_MARKERS)
+    ):
+        return RedisAuthError(
+            f"Redis at {url} refused the credentials ({text}): check the password and user "
+            "in redis_url (FARM_REDIS_URL or the settings file)"
+        )
     if isinstance(exc, rx.NoPermissionError) or text.startswith("NOPERM"):
-        return RedisAuthError(f"Redis at {url} denied a command ({text}): the ACL user needs the stream, "
-                              "hash, set, sorted set, string and scripting commands on the farm's keys")
+        return RedisAuthError(
+            f"Redis at {url} denied a command ({text}): the ACL user needs the stream, "
+            "hash, set, sorted set, string and scripting commands on the farm's keys"
+        )
     if isinstance(exc, rx.OutOfMemoryError) or text.startswith("OOM"):
-        return RedisOutOfMemory(f"Redis at {url} is out of memory ({text}): raise maxmemory, or consume "
-                                "results faster (result streams are trimmed as they are read)")
+        return RedisOutOfMemory(
+            f"Redis at {url} is out of memory ({text}): raise maxmemory, or consume "
+            "results faster (result streams are trimmed as they are read)"
+        )
     if text.startswith("WRONGTYPE") or "WRONGTYPE" in text:
-        return RedisWrongType(f"Redis at {url}: a key the farm writes holds another type ({text}); "
-                              "is another application using the farm's namespace?")
+        return RedisWrongType(
+            f"Redis at {url}: a key the farm writes holds another type ({text}); "
+            "is another application using the farm's namespace?"
+        )
     if isinstance(exc, rx.ResponseError) and ("script" in text.lower() or "user_function" in text):
         return RedisScriptError(f"Redis at {url}: a farm script failed ({text})")
     if is_transient(exc):
-        return RedisUnavailable(f"cannot reach Redis at {url} ({type(exc).__name__}: {text}): is it running, "
-                                "and is redis_url right? (`farm redis` starts one)")
+        return RedisUnavailable(
+            f"cannot reach Redis at {url} ({type(exc).__name__}: {text}): is it running, "
+            "and is redis_url right? (`farm redis` starts one)"
+        )
     return TransportError(f"Redis at {url}: {type(exc).__name__}: {text}")
 
 
@@ -121,8 +146,7 @@ class Outage:
     Warnings are rate-limited to one a second, with the count of the ones held back.
     """
 
-    def __init__(self, url: Optional[str], base_s: float, cap_s: float, give_up_s: float,
-                 *, warn_every_s: float = 1.0):
+    def __init__(self, url: Optional[str], base_s: float, cap_s: float, give_up_s: float, *, warn_every_s: float = 1.0):
         self.url = redact(url)
         self.base_s, self.cap_s, self.give_up_s, self.warn_every_s = base_s, cap_s, give_up_s, warn_every_s
         self.failures = 0
@@ -132,8 +156,9 @@ class Outage:
 
     @classmethod
     def for_settings(cls, settings: Any) -> "Outage":
-        return cls(settings.redis_url, settings.connect_backoff_s, settings.connect_backoff_max_s,
-                   settings.redis_down_max_s)
+        return cls(
+            settings.redis_url, settings.connect_backoff_s, settings.connect_backoff_max_s, settings.redis_down_max_s
+        )
 
     def ok(self) -> None:
         if self.since is not None:
@@ -177,14 +202,22 @@ class Outage:
         elapsed = now - self.since
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if elapsed >= self.give_up_s:
-            raise RedisUnavailable(f"Redis at {self.url} unreachable for {elapsed:.0f}s "
-                                   f"(redis_down_max_s={self.give_up_s:g}) while {what}: {reason}") from exc
+            raise RedisUnavailable(
+                f"Redis at {self.url} unreachable for {elapsed:.0f}s "
+                f"(redis_down_max_s={self.give_up_s:g}) while {what}: {reason}"
+            ) from exc
         delay = min(backoff_delay(self.base_s, self.cap_s, self.failures), self.give_up_s - elapsed)
         self.failures += 1
         if now - self._last_warning >= self.warn_every_s:
             more = f" (+{self._held_back} more failures)" if self._held_back else ""
-            log.warning("Redis at %s: %s failed (%s)%s; retrying for up to %.0fs more",
-                        self.url, what, reason, more, self.give_up_s - elapsed)
+            log.warning(
+                "Redis at %s: %s failed (%s)%s; retrying for up to %.0fs more",
+                self.url,
+                what,
+                reason,
+                more,
+                self.give_up_s - elapsed,
+            )
             self._last_warning, self._held_back = now, 0
         else:
             self._held_back += 1

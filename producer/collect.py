@@ -41,8 +41,21 @@ from farm.errors import ConfigError, FarmError, TransportError
 from farm.schema import AgentRef, ErrorKind, Rollout, Sampling, Task
 from farm.settings import Settings
 from producer import metrics as metrics_mod
-from producer.output import (BadLine, InputError, InputRow, Journal, Paths, done_keys, line_for, read_json,
-                             read_records, read_rows, repair_tail, to_parquet, write_json)
+from producer.output import (
+    BadLine,
+    InputError,
+    InputRow,
+    Journal,
+    Paths,
+    done_keys,
+    line_for,
+    read_json,
+    read_records,
+    read_rows,
+    repair_tail,
+    to_parquet,
+    write_json,
+)
 from producer.pools import embedded_workers
 from producer.progress import Live, live_progress
 
@@ -55,23 +68,23 @@ EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 class CollectOptions:
     input: Path
     output: Path
-    agent: Optional[str] = None                 # overrides every row's agent_ref.name
+    agent: Optional[str] = None  # overrides every row's agent_ref.name
     num_repeats: dict[str, int] = field(default_factory=lambda: {"default": 1})
     limit: Optional[int] = None
-    concurrency: int = 256                      # most tasks outstanding in Redis at once
-    timeout_s: Optional[float] = None           # per task, from submission
+    concurrency: int = 256  # most tasks outstanding in Redis at once
+    timeout_s: Optional[float] = None  # per task, from submission
     run_id: Optional[str] = None
     strict: bool = False
     resume: bool = False
     overwrite: bool = False
-    format: str = "jsonl"                       # or "parquet"
+    format: str = "jsonl"  # or "parquet"
     embedded: bool = False
-    worker_processes: int = 1                   # per agent, with --embedded
-    worker_concurrency: Optional[int] = None    # per worker process, with --embedded
+    worker_processes: int = 1  # per agent, with --embedded
+    worker_concurrency: Optional[int] = None  # per worker process, with --embedded
     sampling: Sampling = field(default_factory=Sampling)
     pass_threshold: float = 1.0
     progress: bool = True
-    progress_every_s: float = 5.0               # a plain progress line this often when not on a terminal
+    progress_every_s: float = 5.0  # a plain progress line this often when not on a terminal
     max_bad_lines_shown: int = 20
 
     def repeats_for(self, agent: str) -> int:
@@ -95,10 +108,11 @@ def parse_repeats(text: str) -> dict[str, int]:
 
 # -- planning: the first pass over the input -----------------------------------------------
 
+
 @dataclass
 class Plan:
     rows: int = 0
-    pairs: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # agent -> (row, repeat) pairs
+    pairs: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # agent -> (row, repeat) pairs
     bad: list[BadLine] = field(default_factory=list)
     bad_count: int = 0
 
@@ -120,18 +134,24 @@ def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
     if p.bad_count > len(p.bad):
         print(f"... and {p.bad_count - len(p.bad)} more malformed lines", file=out)
     if p.bad_count and options.strict:
-        raise InputError(f"{p.bad_count} malformed line(s) in {options.input} (first: line {p.bad[0].line}); "
-                         "nothing was enqueued (--strict)")
+        raise InputError(
+            f"{p.bad_count} malformed line(s) in {options.input} (first: line {p.bad[0].line}); "
+            "nothing was enqueued (--strict)"
+        )
     if p.rows == 0:
-        raise InputError(f"no valid row in {options.input}" + (f" ({p.bad_count} malformed line(s))" if p.bad_count
-                                                                else " (the file is empty)") + "; nothing was enqueued")
+        raise InputError(
+            f"no valid row in {options.input}"
+            + (f" ({p.bad_count} malformed line(s))" if p.bad_count else " (the file is empty)")
+            + "; nothing was enqueued"
+        )
     from workers.agent import known_agents
 
     known = known_agents(settings)
     unknown = sorted(set(p.pairs) - known)
     if unknown:
-        raise InputError(f"unknown agent(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}. "
-                         "Nothing was enqueued")
+        raise InputError(
+            f"unknown agent(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}. Nothing was enqueued"
+        )
     for name in options.num_repeats:
         if name != "default" and name not in p.pairs:
             log.warning("--num-repeats names agent %r, which no row uses", name)
@@ -140,9 +160,11 @@ def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
 
 # -- the run -------------------------------------------------------------------------------
 
+
 class Collector:
-    def __init__(self, settings: Settings, options: CollectOptions, paths: Paths, run_id: str,
-                 done: set[tuple[int, int]]):
+    def __init__(
+        self, settings: Settings, options: CollectOptions, paths: Paths, run_id: str, done: set[tuple[int, int]]
+    ):
         self.settings, self.options, self.paths, self.run_id = settings, options, paths, run_id
         self.done = done
         self.client = FarmClient(settings)
@@ -169,10 +191,17 @@ class Collector:
                     continue
                 # The task id names the pair: a crashed run's copy of a task and its resubmission
                 # are one task to this reader, which takes the first result and drops the other.
-                task = Task(task_id=f"{self.run_id}:{item.index}:{rep}", run_id=self.run_id,
-                            agent_ref=refs.setdefault(item.agent, AgentRef(name=item.agent)),
-                            group_id=f"{self.run_id}:{item.index}", sample_index=rep, row=item.row,
-                            sampling=o.sampling, reply_to=self.stream, created_at=0.0)
+                task = Task(
+                    task_id=f"{self.run_id}:{item.index}:{rep}",
+                    run_id=self.run_id,
+                    agent_ref=refs.setdefault(item.agent, AgentRef(name=item.agent)),
+                    group_id=f"{self.run_id}:{item.index}",
+                    sample_index=rep,
+                    row=item.row,
+                    sampling=o.sampling,
+                    reply_to=self.stream,
+                    created_at=0.0,
+                )
                 yield task, item.index, rep, k, item.line
 
     async def feed(self) -> None:
@@ -223,12 +252,13 @@ class Collector:
     def _settle(self, rollout: Rollout, good: list[bytes], bad: list[bytes]) -> None:
         slot = self.outstanding.pop(rollout.task_id, None)
         if slot is None:
-            self.dropped += 1   # a copy from a crashed run, or a late duplicate: already written or resubmitted
+            self.dropped += 1  # a copy from a crashed run, or a late duplicate: already written or resubmitted
             return
         task, index, rep, k, line, submitted = slot
         self.window.release()
-        text = line_for(task, rollout, row_index=index, repeat_index=rep, num_repeats=k, line=line,
-                        submitted_at=submitted)
+        text = line_for(
+            task, rollout, row_index=index, repeat_index=rep, num_repeats=k, line=line, submitted_at=submitted
+        )
         live = self.live[task.agent_ref.name]
         live.done += 1
         self.written += 1
@@ -245,8 +275,11 @@ class Collector:
         now = time.time()
         for task_id, (task, *_rest) in list(self.outstanding.items()):
             if task.deadline is not None and now > task.deadline:
-                self._settle(Rollout.failure(task, ErrorKind.deadline,
-                                             f"no rollout within --timeout {self.options.timeout_s}s"), good, bad)
+                self._settle(
+                    Rollout.failure(task, ErrorKind.deadline, f"no rollout within --timeout {self.options.timeout_s}s"),
+                    good,
+                    bad,
+                )
 
     async def run(self, ok: Journal, failures: Journal, on_batch) -> None:
         feeder = asyncio.create_task(self.feed(), name="feed")
@@ -258,9 +291,9 @@ class Collector:
             while True:
                 await asyncio.wait([t for t in tasks if not t.done()], return_when=asyncio.FIRST_COMPLETED)
                 if feeder.done():
-                    feeder.result()             # a submit that failed for good ends the run
+                    feeder.result()  # a submit that failed for good ends the run
                 if watchdog.done():
-                    watchdog.result()           # an agent without workers for too long ends the run
+                    watchdog.result()  # an agent without workers for too long ends the run
                 if drainer.done():
                     drainer.result()
                     return
@@ -286,12 +319,19 @@ class Collector:
                         continue
                     if agent not in since:
                         since[agent] = now
-                        log.warning("no live worker for agent %r: start one (`farm worker --agent %s`); giving up "
-                                    "in %.0fs (no_workers_timeout_s)", agent, agent, s.no_workers_timeout_s)
+                        log.warning(
+                            "no live worker for agent %r: start one (`farm worker --agent %s`); giving up "
+                            "in %.0fs (no_workers_timeout_s)",
+                            agent,
+                            agent,
+                            s.no_workers_timeout_s,
+                        )
                     elif now - since[agent] > s.no_workers_timeout_s:
-                        raise FarmError(f"no live worker for agent {agent!r} for {s.no_workers_timeout_s:.0f}s "
-                                        f"(no_workers_timeout_s): start `farm worker --agent {agent}`, then run "
-                                        "again with --resume")
+                        raise FarmError(
+                            f"no live worker for agent {agent!r} for {s.no_workers_timeout_s:.0f}s "
+                            f"(no_workers_timeout_s): start `farm worker --agent {agent}`, then run "
+                            "again with --resume"
+                        )
             await asyncio.sleep(every_s)
 
     async def aclose(self, finished: bool) -> None:
@@ -327,8 +367,9 @@ def _prepare_files(options: CollectOptions, paths: Paths) -> tuple[str, set[tupl
     if paths.output != paths.journal and paths.output.exists() and not options.overwrite:
         existing.insert(0, paths.output)
     if existing and not (options.resume or options.overwrite):
-        raise InputError(f"{existing[0]} already holds rollouts: pass --resume to complete it, "
-                         "or --overwrite to start again")
+        raise InputError(
+            f"{existing[0]} already holds rollouts: pass --resume to complete it, or --overwrite to start again"
+        )
     if options.overwrite and not options.resume:
         for p in (paths.journal, paths.failures, paths.metrics, paths.run, paths.output):
             p.unlink(missing_ok=True)
@@ -344,9 +385,18 @@ def _prepare_files(options: CollectOptions, paths: Paths) -> tuple[str, set[tupl
             if cut:
                 log.warning("%s: dropped a partial last line (%d bytes) left by an interrupted run", p, cut)
         done = done_keys(paths.journal, paths.failures)
-    write_json(paths.run, {"run_id": run_id, "input": str(options.input), "format": options.format,
-                           "agent": options.agent, "num_repeats": options.num_repeats, "limit": options.limit,
-                           "started_at": time.time()})
+    write_json(
+        paths.run,
+        {
+            "run_id": run_id,
+            "input": str(options.input),
+            "format": options.format,
+            "agent": options.agent,
+            "num_repeats": options.num_repeats,
+            "limit": options.limit,
+            "started_at": time.time(),
+        },
+    )
     return run_id, done
 
 
@@ -362,7 +412,7 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
         except ImportError:
             raise ConfigError("--format parquet needs pyarrow (pip install pyarrow)") from None
     paths = Paths.for_output(options.output, options.format)
-    work = plan(options, settings)                      # raises before anything is enqueued
+    work = plan(options, settings)  # raises before anything is enqueued
     run_id, done = _prepare_files(options, paths)
     already: dict[str, int] = defaultdict(int)
     if done:
@@ -370,20 +420,28 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
             already[rec_agent] = n
     totals = dict(work.pairs)
     remaining = sum(totals.values()) - len(done)
-    log.info("collecting", extra={"run_id": run_id, "rows": work.rows, "rollouts": sum(totals.values()),
-                                  "already_done": len(done), "malformed_lines": work.bad_count})
+    log.info(
+        "collecting",
+        extra={
+            "run_id": run_id,
+            "rows": work.rows,
+            "rollouts": sum(totals.values()),
+            "already_done": len(done),
+            "malformed_lines": work.bad_count,
+        },
+    )
     start = time.perf_counter()
     interrupted = False
     with ExitStack() as stack:
         if options.embedded and remaining > 0:
-            settings = stack.enter_context(embedded_workers(settings, sorted(totals), options.worker_processes,
-                                                              options.worker_concurrency))
+            settings = stack.enter_context(
+                embedded_workers(settings, sorted(totals), options.worker_processes, options.worker_concurrency)
+            )
         elif not settings.redis_url:
             from farm.embedded import ensure_redis
 
             settings = stack.enter_context(ensure_redis(settings))
-        update = stack.enter_context(live_progress(options.progress, totals, already,
-                                                   every_s=options.progress_every_s))
+        update = stack.enter_context(live_progress(options.progress, totals, already, every_s=options.progress_every_s))
         ok, failures = Journal(paths.journal), Journal(paths.failures)
         stack.callback(failures.close)
         stack.callback(ok.close)
@@ -403,23 +461,34 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
     wall = time.perf_counter() - start
     metrics = metrics_mod.aggregate_files(paths.journal, paths.failures, threshold=options.pass_threshold)
     summary = {
-        "run_id": run_id, "input": str(options.input), "output": str(paths.output),
-        "rows": work.rows, "malformed_lines": work.bad_count, "expected": sum(totals.values()),
-        "written_now": collector.written, "already_done": len(done), "dropped_duplicates": collector.dropped,
-        "peak_outstanding": collector.peak_outstanding, "concurrency": options.concurrency,
-        "wall_s": wall, "rollouts_per_s": collector.written / wall if wall > 0 else 0.0,
-        "complete": not interrupted, "agents": metrics,
+        "run_id": run_id,
+        "input": str(options.input),
+        "output": str(paths.output),
+        "rows": work.rows,
+        "malformed_lines": work.bad_count,
+        "expected": sum(totals.values()),
+        "written_now": collector.written,
+        "already_done": len(done),
+        "dropped_duplicates": collector.dropped,
+        "peak_outstanding": collector.peak_outstanding,
+        "concurrency": options.concurrency,
+        "wall_s": wall,
+        "rollouts_per_s": collector.written / wall if wall > 0 else 0.0,
+        "complete": not interrupted,
+        "agents": metrics,
     }
     write_json(paths.metrics, summary)
     if not interrupted and options.format == "parquet":
         summary["parquet_rows"] = to_parquet(paths.journal, paths.output)
         paths.journal.unlink()
     if options.progress:
-        metrics_mod.render(metrics, title=f"farm collect {run_id}: {collector.written:,} new rollouts "
-                                          f"in {wall:,.1f}s")
+        metrics_mod.render(metrics, title=f"farm collect {run_id}: {collector.written:,} new rollouts in {wall:,.1f}s")
     if interrupted:
-        print(f"interrupted: {len(done) + collector.written:,} of {sum(totals.values()):,} rollouts written; "
-              "run again with --resume to complete", file=sys.stderr)
+        print(
+            f"interrupted: {len(done) + collector.written:,} of {sum(totals.values()):,} rollouts written; "
+            "run again with --resume to complete",
+            file=sys.stderr,
+        )
     summary["exit_code"] = EXIT_INTERRUPTED if interrupted else EXIT_OK
     return summary
 

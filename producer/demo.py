@@ -37,23 +37,42 @@ def demo_rows(n: int) -> list[dict]:
             spec["fail"] = 1  # fails on its first attempt, succeeds on the retry
         if i == n // 2:
             spec["fail"] = "fatal"
-        rows.append({"responses_create_params": {"input": [{"role": "user", "content": f"demo task {i}"}]},
-                     "agent_ref": {"type": "responses_api_agents", "name": "noop"}, "noop": spec})
+        rows.append(
+            {
+                "responses_create_params": {"input": [{"role": "user", "content": f"demo task {i}"}]},
+                "agent_ref": {"type": "responses_api_agents", "name": "noop"},
+                "noop": spec,
+            }
+        )
     return rows
 
 
-async def _run_batch(settings: Settings, rows: list[dict], timeout_s: float, agent: str = "noop",
-                     group_size: int = 4, sampling=None) -> dict:
+async def _run_batch(
+    settings: Settings, rows: list[dict], timeout_s: float, agent: str = "noop", group_size: int = 4, sampling=None
+) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     client = FarmClient(settings)
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
-    tasks: list[Task] = [client.task(run_id=run_id, agent=agent, row=row, group_id=f"g{i // group_size}",
-                                     sample_index=i % group_size, sampling=sampling)
-                         for i, row in enumerate(rows)]
+    tasks: list[Task] = [
+        client.task(
+            run_id=run_id,
+            agent=agent,
+            row=row,
+            group_id=f"g{i // group_size}",
+            sample_index=i % group_size,
+            sampling=sampling,
+        )
+        for i, row in enumerate(rows)
+    ]
     start = time.perf_counter()
-    with Progress(TextColumn("collecting"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                  TimeRemainingColumn()) as bar:
+    with Progress(
+        TextColumn("collecting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+    ) as bar:
         bar_id = bar.add_task("rollouts", total=len(tasks), rate="")
 
         def progress(done: int, total: int, _r) -> None:
@@ -74,18 +93,28 @@ def summarize(rollouts: list, wall_s: float) -> dict:
     waits = sorted(r.timings.queue_wait_s for r in rollouts if r.ok)
     pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")  # noqa: E731
     return {
-        "rollouts": len(rollouts), "ok": sum(1 for r in ok if r.status.value == "ok"),
+        "rollouts": len(rollouts),
+        "ok": sum(1 for r in ok if r.status.value == "ok"),
         "truncated": sum(1 for r in ok if r.status.value == "truncated"),
         "failed": dict(kinds),
         "retried": sum(1 for r in ok if r.attempt > 1),
         "mean_reward": statistics.fmean(r.reward for r in ok) if ok else float("nan"),
-        "wall_s": wall_s, "rollouts_per_s": len(rollouts) / wall_s if wall_s else 0.0,
-        "queue_wait_p50_ms": pct(waits, 0.5) * 1000, "queue_wait_p99_ms": pct(waits, 0.99) * 1000,
+        "wall_s": wall_s,
+        "rollouts_per_s": len(rollouts) / wall_s if wall_s else 0.0,
+        "queue_wait_p50_ms": pct(waits, 0.5) * 1000,
+        "queue_wait_p99_ms": pct(waits, 0.99) * 1000,
         "workers": len({r.worker_id for r in rollouts if r.worker_id}),
-        **({"completion_tokens": tokens, "tokens_per_s": tokens / wall_s,
-            "mean_turns": statistics.fmean(r.metrics.get("turns", 0) for r in ok),
-            "tool_calls": sum(int(r.metrics.get("tool_calls", 0)) for r in ok),
-            "mean_latency_s": statistics.fmean(r.timings.total_s for r in ok)} if tokens else {}),
+        **(
+            {
+                "completion_tokens": tokens,
+                "tokens_per_s": tokens / wall_s,
+                "mean_turns": statistics.fmean(r.metrics.get("turns", 0) for r in ok),
+                "tool_calls": sum(int(r.metrics.get("tool_calls", 0)) for r in ok),
+                "mean_latency_s": statistics.fmean(r.timings.total_s for r in ok),
+            }
+            if tokens
+            else {}
+        ),
     }
 
 
@@ -119,8 +148,15 @@ def _wait_for_workers(settings: Settings, n: int, pool: subprocess.Popen, timeou
         r.close()
 
 
-def run_demo(settings: Settings, *, tasks: int = 2000, processes: int = 2, concurrency: int = 64,
-             timeout_s: float = 300.0, noop: bool = True) -> dict:
+def run_demo(
+    settings: Settings,
+    *,
+    tasks: int = 2000,
+    processes: int = 2,
+    concurrency: int = 64,
+    timeout_s: float = 300.0,
+    noop: bool = True,
+) -> dict:
     if noop:
         return _demo(settings, "noop", demo_rows(tasks), processes, concurrency, timeout_s, {})
     from envs.single_tool_call import generate
@@ -134,19 +170,44 @@ def run_demo(settings: Settings, *, tasks: int = 2000, processes: int = 2, concu
 
     model = prepare_model(default_cache())
     with PolicyServer(model, log_path=settings.data_path / "logs" / "vllm-demo.log") as server:
-        env = {"FARM_POLICY_URLS": server.url, "FARM_POLICY_MODEL": server.served_model_name,
-               "FARM_POLICY_TOKENIZER": str(model)}
-        s = settings.replace(policy_urls=[server.url], policy_model=server.served_model_name,
-                             policy_tokenizer=str(model))
+        env = {
+            "FARM_POLICY_URLS": server.url,
+            "FARM_POLICY_MODEL": server.served_model_name,
+            "FARM_POLICY_TOKENIZER": str(model),
+        }
+        s = settings.replace(
+            policy_urls=[server.url], policy_model=server.served_model_name, policy_tokenizer=str(model)
+        )
         return _demo(s, "single_tool_call", rows, processes, concurrency, timeout_s, env, sampling)
 
 
-def _demo(settings: Settings, agent: str, rows: list[dict], processes: int, concurrency: int,
-          timeout_s: float, extra_env: dict, sampling=None) -> dict:
+def _demo(
+    settings: Settings,
+    agent: str,
+    rows: list[dict],
+    processes: int,
+    concurrency: int,
+    timeout_s: float,
+    extra_env: dict,
+    sampling=None,
+) -> dict:
     with ensure_redis(settings) as s:
         env = dict(os.environ, FARM_REDIS_URL=s.redis_url, FARM_NAMESPACE=s.namespace, **extra_env)
-        pool = subprocess.Popen([sys.executable, "-m", "farm", "worker", "--agent", agent,
-                                 "--processes", str(processes), "--concurrency", str(concurrency)], env=env)
+        pool = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "farm",
+                "worker",
+                "--agent",
+                agent,
+                "--processes",
+                str(processes),
+                "--concurrency",
+                str(concurrency),
+            ],
+            env=env,
+        )
         try:
             _wait_for_workers(s, processes, pool)
             summary = asyncio.run(_run_batch(s, rows, timeout_s, agent, 4, sampling))

@@ -95,8 +95,11 @@ class AgentStats:
         self.rows += 1
         self.repeats[k] += 1
         samples = sorted(samples, key=lambda rec: rec["repeat_index"])
-        scored = [(answer_of(s["rollout"]), s["rollout"].get("reward")) for s in samples
-                  if s["rollout"]["status"] != "failed" and s["rollout"].get("reward") is not None]
+        scored = [
+            (answer_of(s["rollout"]), s["rollout"].get("reward"))
+            for s in samples
+            if s["rollout"]["status"] != "failed" and s["rollout"].get("reward") is not None
+        ]
         if any(reward >= threshold for _, reward in scored):
             self.passed_rows += 1
         if scored:
@@ -111,16 +114,23 @@ class AgentStats:
         span = self.last_finish - self.first_submit if self.first_submit < math.inf else 0.0
         k = self.repeats.most_common(1)[0][0] if self.repeats else 0
         return {
-            "rows": self.rows, "k": k, "count": self.rollouts, "ok": self.ok, "truncated": self.truncated,
-            "failed": sum(self.failures.values()), "failures": dict(self.failures),
+            "rows": self.rows,
+            "k": k,
+            "count": self.rollouts,
+            "ok": self.ok,
+            "truncated": self.truncated,
+            "failed": sum(self.failures.values()),
+            "failures": dict(self.failures),
             "mean_reward": self.reward_sum / self.rewarded if self.rewarded else None,
             f"pass@{k}": self.passed_rows / self.rows if self.rows else None,
             f"majority@{k}": self.majority_rows / self.rows if self.rows else None,
             "pass_at_k": self.passed_rows / self.rows if self.rows else None,
             "majority_at_k": self.majority_rows / self.rows if self.rows else None,
             "latency_mean_s": sum(lat) / len(lat) if lat else None,
-            "latency_p50_s": _percentile(lat, 0.5), "latency_p99_s": _percentile(lat, 0.99),
-            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "latency_p50_s": _percentile(lat, 0.5),
+            "latency_p99_s": _percentile(lat, 0.99),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
             "tokens_per_s": self.completion_tokens / span if span > 0 else None,
         }
 
@@ -137,7 +147,7 @@ def aggregate(records: Iterable[dict], threshold: float = 1.0) -> dict[str, dict
         group.append(rec)
         if len(group) >= rec["num_repeats"]:
             stats[agent].add_group(open_rows.pop(key), rec["num_repeats"], threshold)
-    for (agent, _), group in open_rows.items():   # rows cut short (an interrupted run)
+    for (agent, _), group in open_rows.items():  # rows cut short (an interrupted run)
         stats[agent].add_group(group, group[0]["num_repeats"], threshold)
     return {agent: s.summary() for agent, s in sorted(stats.items())}
 
@@ -146,6 +156,7 @@ def aggregate_files(*paths: Path, threshold: float = 1.0) -> dict[str, dict[str,
     def records() -> Iterable[dict]:
         for path in paths:
             yield from read_records(path)
+
     return aggregate(records(), threshold)
 
 
@@ -157,15 +168,29 @@ def render(metrics: dict[str, dict[str, Any]], title: str = "farm collect") -> N
     console = Console(width=min(80, Console().width))
     t = Table(title=title, title_justify="left", pad_edge=False, box=None)
     for col in ("agent", "rows", "rollouts", "failed", "reward", "pass@k", "maj@k", "p50 s", "tok/s"):
-        t.add_column(col, justify="left" if col == "agent" else "right", no_wrap=True, overflow="ellipsis",
-                     max_width=18 if col == "agent" else None)
+        t.add_column(
+            col,
+            justify="left" if col == "agent" else "right",
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=18 if col == "agent" else None,
+        )
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     for agent, m in metrics.items():
-        t.add_row(agent, f"{m['rows']:,}", f"{m['count']:,}", f"{sum(m['failures'].values()):,}",
-                  f(m["mean_reward"], ".3f"), f"{f(m['pass_at_k'], '.2f')}@{m['k']}", f(m["majority_at_k"], ".2f"),
-                  f(m["latency_p50_s"], ".2f"), f(m["tokens_per_s"], ",.0f"))
+        t.add_row(
+            agent,
+            f"{m['rows']:,}",
+            f"{m['count']:,}",
+            f"{sum(m['failures'].values()):,}",
+            f(m["mean_reward"], ".3f"),
+            f"{f(m['pass_at_k'], '.2f')}@{m['k']}",
+            f(m["majority_at_k"], ".2f"),
+            f(m["latency_p50_s"], ".2f"),
+            f(m["tokens_per_s"], ",.0f"),
+        )
     console.print(t)
     for agent, m in metrics.items():
         if m["failures"]:
-            console.print(f"{agent} failures: " + ", ".join(f"{k} {v}" for k, v in sorted(m["failures"].items())),
-                          highlight=False)
+            console.print(
+                f"{agent} failures: " + ", ".join(f"{k} {v}" for k, v in sorted(m["failures"].items())), highlight=False
+            )

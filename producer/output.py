@@ -51,16 +51,22 @@ class Paths:
         stem = output.with_suffix("") if output.suffix in (".jsonl", ".json", ".parquet") else output
         # Parquet cannot be appended to: collect into a JSONL journal, convert at the end.
         journal = output if fmt == "jsonl" else Path(f"{output}.journal.jsonl")
-        return cls(output=output, journal=journal, failures=Path(f"{stem}_failures.jsonl"),
-                   metrics=Path(f"{stem}_metrics.json"), run=Path(f"{stem}_run.json"))
+        return cls(
+            output=output,
+            journal=journal,
+            failures=Path(f"{stem}_failures.jsonl"),
+            metrics=Path(f"{stem}_metrics.json"),
+            run=Path(f"{stem}_run.json"),
+        )
 
 
 # -- input ---------------------------------------------------------------------------------
 
+
 @dataclass
 class InputRow:
-    index: int          # among the valid rows of the file, from 0
-    line: int           # 1-based line number in the file
+    index: int  # among the valid rows of the file, from 0
+    line: int  # 1-based line number in the file
     agent: str
     row: dict
 
@@ -71,8 +77,9 @@ class BadLine:
     reason: str
 
 
-def read_rows(path: Path, agent_override: Optional[str] = None,
-              limit: Optional[int] = None) -> Iterator[InputRow | BadLine]:
+def read_rows(
+    path: Path, agent_override: Optional[str] = None, limit: Optional[int] = None
+) -> Iterator[InputRow | BadLine]:
     """Valid rows and bad lines of a JSONL file, in file order, one line in memory at a time."""
     index = 0
     with open(path, "rb") as f:
@@ -114,25 +121,39 @@ def _parse(raw: bytes, number: int, index: int, agent_override: Optional[str]) -
 
 # -- output lines --------------------------------------------------------------------------
 
+
 def rollout_record(rollout: Rollout) -> dict[str, Any]:
     """The rollout as plain JSON types: the token trace as lists, not packed bytes."""
     trace = rollout.trace
     out = msgspec.to_builtins(msgspec.structs.replace(rollout, trace=None))
-    out["trace"] = None if trace is None else {
-        "prompt_ids": trace.prompt().tolist(), "completion_ids": trace.completion().tolist(),
-        "logprobs": trace.completion_logprobs().tolist(), "env_mask": trace.mask(),
-        "turns": [list(t) for t in trace.turns],
-    }
+    out["trace"] = (
+        None
+        if trace is None
+        else {
+            "prompt_ids": trace.prompt().tolist(),
+            "completion_ids": trace.completion().tolist(),
+            "logprobs": trace.completion_logprobs().tolist(),
+            "env_mask": trace.mask(),
+            "turns": [list(t) for t in trace.turns],
+        }
+    )
     return out
 
 
-def line_for(task: Task, rollout: Rollout, *, row_index: int, repeat_index: int, num_repeats: int,
-             line: int, submitted_at: float) -> bytes:
+def line_for(
+    task: Task, rollout: Rollout, *, row_index: int, repeat_index: int, num_repeats: int, line: int, submitted_at: float
+) -> bytes:
     record = {
-        "row_index": row_index, "repeat_index": repeat_index, "num_repeats": num_repeats,
-        "line": line, "agent": task.agent_ref.name, "run_id": task.run_id, "task_id": task.task_id,
+        "row_index": row_index,
+        "repeat_index": repeat_index,
+        "num_repeats": num_repeats,
+        "line": line,
+        "agent": task.agent_ref.name,
+        "run_id": task.run_id,
+        "task_id": task.task_id,
         "submitted_at": submitted_at,
-        "row": task.row, "rollout": rollout_record(rollout),
+        "row": task.row,
+        "rollout": rollout_record(rollout),
     }
     if rollout.error is not None:
         record["reason"] = f"{rollout.error.kind}: {rollout.error.message}"
@@ -197,8 +218,9 @@ def read_records(path: Path) -> Iterator[dict]:
                 try:
                     yield _decode.decode(raw)
                 except msgspec.DecodeError as exc:
-                    raise InputError(f"{path}:{number}: unreadable output line ({exc}); "
-                                     "move the file aside or fix the line") from None
+                    raise InputError(
+                        f"{path}:{number}: unreadable output line ({exc}); move the file aside or fix the line"
+                    ) from None
 
 
 def done_keys(*paths: Path) -> set[tuple[int, int]]:
@@ -226,6 +248,7 @@ def write_json(path: Path, data: dict) -> None:
 
 # -- parquet -------------------------------------------------------------------------------
 
+
 def to_parquet(journal: Path, out: Path, batch: int = 4096) -> int:
     """Convert the journal to parquet in batches (bounded memory); returns the rows written.
 
@@ -236,15 +259,29 @@ def to_parquet(journal: Path, out: Path, batch: int = 4096) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([
-        ("row_index", pa.int64()), ("repeat_index", pa.int32()), ("num_repeats", pa.int32()),
-        ("agent", pa.string()), ("run_id", pa.string()), ("task_id", pa.string()),
-        ("status", pa.string()), ("reward", pa.float64()), ("reward_components", pa.string()),
-        ("metrics", pa.string()), ("row", pa.string()), ("output", pa.string()),
-        ("prompt_ids", pa.list_(pa.int32())), ("completion_ids", pa.list_(pa.int32())),
-        ("logprobs", pa.list_(pa.float32())), ("env_mask", pa.list_(pa.int8())),
-        ("latency_s", pa.float64()), ("worker_id", pa.string()), ("policy_version", pa.int64()),
-    ])
+    schema = pa.schema(
+        [
+            ("row_index", pa.int64()),
+            ("repeat_index", pa.int32()),
+            ("num_repeats", pa.int32()),
+            ("agent", pa.string()),
+            ("run_id", pa.string()),
+            ("task_id", pa.string()),
+            ("status", pa.string()),
+            ("reward", pa.float64()),
+            ("reward_components", pa.string()),
+            ("metrics", pa.string()),
+            ("row", pa.string()),
+            ("output", pa.string()),
+            ("prompt_ids", pa.list_(pa.int32())),
+            ("completion_ids", pa.list_(pa.int32())),
+            ("logprobs", pa.list_(pa.float32())),
+            ("env_mask", pa.list_(pa.int8())),
+            ("latency_s", pa.float64()),
+            ("worker_id", pa.string()),
+            ("policy_version", pa.int64()),
+        ]
+    )
     dumps = lambda v: json.dumps(v, ensure_ascii=False)  # noqa: E731
     written = 0
     tmp = Path(f"{out}.tmp")
@@ -263,15 +300,24 @@ def to_parquet(journal: Path, out: Path, batch: int = 4096) -> int:
             r = rec["rollout"]
             trace = r.get("trace") or {}
             for name, value in (
-                ("row_index", rec["row_index"]), ("repeat_index", rec["repeat_index"]),
-                ("num_repeats", rec["num_repeats"]), ("agent", rec["agent"]), ("run_id", rec["run_id"]),
-                ("task_id", rec["task_id"]), ("status", r["status"]), ("reward", r.get("reward")),
+                ("row_index", rec["row_index"]),
+                ("repeat_index", rec["repeat_index"]),
+                ("num_repeats", rec["num_repeats"]),
+                ("agent", rec["agent"]),
+                ("run_id", rec["run_id"]),
+                ("task_id", rec["task_id"]),
+                ("status", r["status"]),
+                ("reward", r.get("reward")),
                 ("reward_components", dumps(r.get("reward_components") or {})),
-                ("metrics", dumps(r.get("metrics") or {})), ("row", dumps(rec["row"])),
+                ("metrics", dumps(r.get("metrics") or {})),
+                ("row", dumps(rec["row"])),
                 ("output", dumps(r.get("output") or [])),
-                ("prompt_ids", trace.get("prompt_ids", [])), ("completion_ids", trace.get("completion_ids", [])),
-                ("logprobs", trace.get("logprobs", [])), ("env_mask", trace.get("env_mask", [])),
-                ("latency_s", (r.get("timings") or {}).get("total_s")), ("worker_id", r.get("worker_id", "")),
+                ("prompt_ids", trace.get("prompt_ids", [])),
+                ("completion_ids", trace.get("completion_ids", [])),
+                ("logprobs", trace.get("logprobs", [])),
+                ("env_mask", trace.get("env_mask", [])),
+                ("latency_s", (r.get("timings") or {}).get("total_s")),
+                ("worker_id", r.get("worker_id", "")),
                 ("policy_version", r.get("policy_version", 0)),
             ):
                 cols[name].append(value)

@@ -17,8 +17,9 @@ from farm.settings import Settings
 
 
 @contextmanager
-def embedded_workers(settings: Settings, agents: list[str], processes: int = 1,
-                     concurrency: Optional[int] = None) -> Iterator[Settings]:
+def embedded_workers(
+    settings: Settings, agents: list[str], processes: int = 1, concurrency: Optional[int] = None
+) -> Iterator[Settings]:
     """Redis (configured or embedded), the policy when an agent needs one, and one worker pool per agent."""
     from farm.embedded import ensure_redis
     from workers.agent import available_agents
@@ -34,10 +35,12 @@ def embedded_workers(settings: Settings, agents: list[str], processes: int = 1,
 
             model = prepare_model(default_cache())
             server = stack.enter_context(PolicyServer(model, log_path=s.data_path / "logs" / "vllm-collect.log"))
-            env.update(FARM_POLICY_URLS=server.url, FARM_POLICY_MODEL=server.served_model_name,
-                       FARM_POLICY_TOKENIZER=str(model))
-            s = s.replace(policy_urls=[server.url], policy_model=server.served_model_name,
-                          policy_tokenizer=str(model))
+            env.update(
+                FARM_POLICY_URLS=server.url,
+                FARM_POLICY_MODEL=server.served_model_name,
+                FARM_POLICY_TOKENIZER=str(model),
+            )
+            s = s.replace(policy_urls=[server.url], policy_model=server.served_model_name, policy_tokenizer=str(model))
         logs = s.data_path / "logs"
         pools = [Pool(agent, processes, concurrency) for agent in agents]
         procs = start_pools(stack, s, pools, env, logs, prefix="collect-worker")

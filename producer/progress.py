@@ -19,13 +19,11 @@ class Live:
 
 def _line(name: str, v: Live, done: int, total: int, elapsed: float) -> str:
     reward = f"{v.reward_sum / v.rewarded:.3f}" if v.rewarded else "-"
-    return (f"{name[:18]:<18} {done:>7,}/{total:<7,} {v.done / elapsed:>6,.0f}/s  failed {v.failed:>5,}  "
-            f"reward {reward}")
+    return f"{name[:18]:<18} {done:>7,}/{total:<7,} {v.done / elapsed:>6,.0f}/s  failed {v.failed:>5,}  reward {reward}"
 
 
 @contextmanager
-def live_progress(enabled: bool, totals: dict[str, int], already: dict[str, int], *, every_s: float = 5.0,
-                  stream=None):
+def live_progress(enabled: bool, totals: dict[str, int], already: dict[str, int], *, every_s: float = 5.0, stream=None):
     """Per agent (and all): completed/total, rate, ETA, failures, mean reward.
 
     On a terminal, a live bar that fits 80 columns; elsewhere (CI logs, `| tee`), one plain line
@@ -45,8 +43,12 @@ def live_progress(enabled: bool, totals: dict[str, int], already: dict[str, int]
     def rows(live: dict[str, Live]) -> list[tuple[str, Live, int, int]]:
         out = [(a, live[a], live[a].done + already.get(a, 0), totals[a]) for a in agents]
         if len(agents) > 1:
-            v = Live(sum(x.done for x in live.values()), sum(x.failed for x in live.values()),
-                     sum(x.reward_sum for x in live.values()), sum(x.rewarded for x in live.values()))
+            v = Live(
+                sum(x.done for x in live.values()),
+                sum(x.failed for x in live.values()),
+                sum(x.reward_sum for x in live.values()),
+                sum(x.rewarded for x in live.values()),
+            )
             out.append(("all", v, v.done + sum(already.values()), sum(totals.values())))
         return out
 
@@ -71,18 +73,31 @@ def live_progress(enabled: bool, totals: dict[str, int], already: dict[str, int]
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    bar = Progress(TextColumn("{task.description:<12.12}"), BarColumn(bar_width=12), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rate]:>7}"), TimeRemainingColumn(compact=True),
-                   TextColumn("fail {task.fields[failed]:>4} r {task.fields[reward]}"),
-                   console=console, refresh_per_second=5)
-    ids = {name: bar.add_task(name, total=total, completed=done, rate="", failed=0, reward="-")
-           for name, _v, done, total in rows({a: Live() for a in agents})}
+    bar = Progress(
+        TextColumn("{task.description:<12.12}"),
+        BarColumn(bar_width=12),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>7}"),
+        TimeRemainingColumn(compact=True),
+        TextColumn("fail {task.fields[failed]:>4} r {task.fields[reward]}"),
+        console=console,
+        refresh_per_second=5,
+    )
+    ids = {
+        name: bar.add_task(name, total=total, completed=done, rate="", failed=0, reward="-")
+        for name, _v, done, total in rows({a: Live() for a in agents})
+    }
 
     def update(live: dict[str, Live]) -> None:
         elapsed = max(1e-9, time.monotonic() - start)
         for name, v, done, _total in rows({a: live.get(a, Live()) for a in agents}):
-            bar.update(ids[name], completed=done, rate=f"{v.done / elapsed:,.0f}/s", failed=v.failed,
-                       reward=f"{v.reward_sum / v.rewarded:.2f}" if v.rewarded else "-")
+            bar.update(
+                ids[name],
+                completed=done,
+                rate=f"{v.done / elapsed:,.0f}/s",
+                failed=v.failed,
+                reward=f"{v.reward_sum / v.rewarded:.2f}" if v.rewarded else "-",
+            )
 
     with bar:
         yield update

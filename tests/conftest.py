@@ -53,9 +53,19 @@ def redis_url(tmp_path_factory):
     server.stop()
 
 
-FAST = dict(visibility_timeout_s=2.0, lease_renew_s=0.5, reclaim_interval_s=0.3, retry_backoff_s=0.05,
-            retry_backoff_max_s=0.2, heartbeat_ttl_s=3.0, block_ms=100, grace_period_s=5.0,
-            redis_down_max_s=30.0, connect_backoff_s=0.05, connect_backoff_max_s=0.5)
+FAST = dict(
+    visibility_timeout_s=2.0,
+    lease_renew_s=0.5,
+    reclaim_interval_s=0.3,
+    retry_backoff_s=0.05,
+    retry_backoff_max_s=0.2,
+    heartbeat_ttl_s=3.0,
+    block_ms=100,
+    grace_period_s=5.0,
+    redis_down_max_s=30.0,
+    connect_backoff_s=0.05,
+    connect_backoff_max_s=0.5,
+)
 
 
 def make_settings(url: str, namespace: str, **overrides) -> Settings:
@@ -99,8 +109,7 @@ def sync_redis(redis_url):
 
 
 def worker_env(settings: Settings, **extra: str) -> dict:
-    env = dict(os.environ, FARM_REDIS_URL=settings.redis_url, FARM_NAMESPACE=settings.namespace,
-               PYTHONPATH=str(ROOT))
+    env = dict(os.environ, FARM_REDIS_URL=settings.redis_url, FARM_NAMESPACE=settings.namespace, PYTHONPATH=str(ROOT))
     for k, v in FAST.items():
         env[f"FARM_{k.upper()}"] = str(v)
     env.update(extra)
@@ -109,8 +118,14 @@ def worker_env(settings: Settings, **extra: str) -> dict:
 
 def spawn_worker(settings: Settings, *args: str, **env: str) -> subprocess.Popen:
     """A real worker process, as `farm worker` would run it."""
-    return subprocess.Popen([sys.executable, "-m", "farm", "worker", *args], env=worker_env(settings, **env),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "farm", "worker", *args],
+        env=worker_env(settings, **env),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20.0) -> str:
@@ -130,9 +145,17 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20.
     return out
 
 
-def run_through_worker(settings: Settings, vllm, model_dir, agent: str, rows: list[dict], *,
-                       sampling: Sampling | Callable[[int], Sampling], timeout_s: float = 240.0,
-                       **env: str) -> list[Rollout]:
+def run_through_worker(
+    settings: Settings,
+    vllm,
+    model_dir,
+    agent: str,
+    rows: list[dict],
+    *,
+    sampling: Sampling | Callable[[int], Sampling],
+    timeout_s: float = 240.0,
+    **env: str,
+) -> list[Rollout]:
     """Rows through Redis to a real `farm worker --agent <agent>` process and the real vLLM.
 
     The environment's smoke test: one worker (4 concurrent rollouts) pointed at the shared
@@ -143,14 +166,32 @@ def run_through_worker(settings: Settings, vllm, model_dir, agent: str, rows: li
     """
     from farm.client import FarmClient
 
-    proc = spawn_worker(settings, "--agent", agent, "--concurrency", "4", FARM_POLICY_URLS=vllm.url,
-                        FARM_POLICY_MODEL=vllm.served_model_name, FARM_POLICY_TOKENIZER=str(model_dir), **env)
+    proc = spawn_worker(
+        settings,
+        "--agent",
+        agent,
+        "--concurrency",
+        "4",
+        FARM_POLICY_URLS=vllm.url,
+        FARM_POLICY_MODEL=vllm.served_model_name,
+        FARM_POLICY_TOKENIZER=str(model_dir),
+        **env,
+    )
     try:
+
         async def main():
             client = FarmClient(settings)
-            tasks = [client.task(run_id=agent, agent=agent, row=r, group_id="g", sample_index=i,
-                                 sampling=sampling(i) if callable(sampling) else sampling)
-                     for i, r in enumerate(rows)]
+            tasks = [
+                client.task(
+                    run_id=agent,
+                    agent=agent,
+                    row=r,
+                    group_id="g",
+                    sample_index=i,
+                    sampling=sampling(i) if callable(sampling) else sampling,
+                )
+                for i, r in enumerate(rows)
+            ]
             got = await client.run_batch(tasks, timeout_s=timeout_s)
             await client.aclose()
             return [got[t.task_id] for t in tasks]
@@ -287,8 +328,9 @@ def vllm(model_dir, tmp_path_factory):
     saved = {k: os.environ.get(k) for k in ("VLLM_SERVER_DEV_MODE", "VLLM_CPU_KVCACHE_SPACE")}
     os.environ.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
     try:
-        server = PolicyServer(model_dir, max_model_len=1024,
-                              log_path=tmp_path_factory.mktemp("vllm") / "vllm.log").start(timeout_s=600)
+        server = PolicyServer(
+            model_dir, max_model_len=1024, log_path=tmp_path_factory.mktemp("vllm") / "vllm.log"
+        ).start(timeout_s=600)
     finally:
         for k, v in saved.items():
             if v is None:

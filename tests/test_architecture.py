@@ -24,7 +24,7 @@ def test_the_import_contracts_hold():
 
 def broken_by(package: str, line: str) -> str:
     """lint-imports' report with a probe module holding `line` added to `package`; it must fail."""
-    probe = ROOT / package / f"_probe_{uuid.uuid4().hex[:8]}.py"   # package: a directory under the root
+    probe = ROOT / package / f"_probe_{uuid.uuid4().hex[:8]}.py"  # package: a directory under the root
     probe.write_text(line + "  # noqa: F401\n")
     try:
         out = lint()
@@ -50,4 +50,3 @@ def test_an_environment_reaching_past_the_sdk_breaks_its_contract():
 
 def test_the_sdk_importing_an_environment_breaks_its_contract():
     assert "envs.sdk.PROBE -> envs.math" in broken_by("envs/sdk", "import envs.math")
-

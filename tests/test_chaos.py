@@ -30,28 +30,48 @@ from farm.client import FarmClient
 from farm.embedded import EmbeddedRedis
 from farm.keys import GROUP
 from farm.schema import ErrorKind
+
 from conftest import make_settings, spawn_worker, stop
 
 pytestmark = pytest.mark.slow
 
-POISON = [{"v": b"1", "d": b"\x91" * 50_000 + b"\xc0"}, {"v": b"1", "d": b"\xc1garbage"}, {"v": b"7", "d": b"\x80"},
-          {"x": b"no fields"}]
+POISON = [
+    {"v": b"1", "d": b"\x91" * 50_000 + b"\xc0"},
+    {"v": b"1", "d": b"\xc1garbage"},
+    {"v": b"7", "d": b"\x80"},
+    {"x": b"no fields"},
+]
 
 
 def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir):
     rnd = random.Random(7)
     server = EmbeddedRedis(tmp_path / "redis", appendfsync="always").start()
     port = server.port
-    settings = make_settings(server.url, "chaos", redis_down_max_s=60.0, max_attempts=3, visibility_timeout_s=3.0,
-                             lease_renew_s=0.5)
+    settings = make_settings(
+        server.url, "chaos", redis_down_max_s=60.0, max_attempts=3, visibility_timeout_s=3.0, lease_renew_s=0.5
+    )
     stub = StubProcess(script_for(tokenizer), latency_s=0.05, jitter_s=0.05, workdir=tmp_path).start()
-    policy_env = dict(FARM_POLICY_URLS=stub.url, FARM_POLICY_MODEL="stub", FARM_POLICY_TOKENIZER=str(model_dir),
-                      FARM_REDIS_DOWN_MAX_S="60", FARM_MAX_ATTEMPTS="3", FARM_VISIBILITY_TIMEOUT_S="3.0")
+    policy_env = dict(
+        FARM_POLICY_URLS=stub.url,
+        FARM_POLICY_MODEL="stub",
+        FARM_POLICY_TOKENIZER=str(model_dir),
+        FARM_REDIS_DOWN_MAX_S="60",
+        FARM_MAX_ATTEMPTS="3",
+        FARM_VISIBILITY_TIMEOUT_S="3.0",
+    )
 
     def start(agent: str):
         if agent == "noop":
-            return spawn_worker(settings, "--agent", "noop", "--concurrency", "16", FARM_REDIS_DOWN_MAX_S="60",
-                                FARM_MAX_ATTEMPTS="3", FARM_VISIBILITY_TIMEOUT_S="3.0")
+            return spawn_worker(
+                settings,
+                "--agent",
+                "noop",
+                "--concurrency",
+                "16",
+                FARM_REDIS_DOWN_MAX_S="60",
+                FARM_MAX_ATTEMPTS="3",
+                FARM_VISIBILITY_TIMEOUT_S="3.0",
+            )
         return spawn_worker(settings, "--agent", "single_tool_call", "--concurrency", "32", **policy_env)
 
     workers = {f"{agent}{i}": [agent, start(agent)] for agent in ("noop", "single_tool_call") for i in range(2)}
@@ -65,22 +85,22 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
             step += 1
             name = rnd.choice(sorted(workers))
             agent, proc = workers[name]
-            if step % 4 == 1:                      # kill -9 a worker, start another
+            if step % 4 == 1:  # kill -9 a worker, start another
                 proc.kill()
                 proc.communicate()
                 workers[name][1] = start(agent)
                 events["worker SIGKILL"] += 1
-            elif step % 4 == 2:                    # freeze one past the visibility timeout
+            elif step % 4 == 2:  # freeze one past the visibility timeout
                 proc.send_signal(signal.SIGSTOP)
                 done.wait(4.0)
                 proc.send_signal(signal.SIGCONT)
                 events["worker SIGSTOP"] += 1
-            elif step % 4 == 3:                    # the policy flaps
+            elif step % 4 == 3:  # the policy flaps
                 stub.control(fault="503", retry_after=0.5)
                 done.wait(1.0)
                 stub.control(fault=None)
                 events["policy 503 burst"] += 1
-            else:                                  # Redis killed and restarted on its AOF
+            else:  # Redis killed and restarted on its AOF
                 server.proc.kill()
                 server.proc.wait()
                 done.wait(1.0)
@@ -89,19 +109,26 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
 
     async def produce_and_consume():
         client = FarmClient(settings)
-        noop = [client.task(run_id="chaos", agent="noop",
-                            row={"noop": {"fail": "always"} if i % 25 == 0 else {"sleep_s": rnd.random() * 0.3}})
-                for i in range(500)]
+        noop = [
+            client.task(
+                run_id="chaos",
+                agent="noop",
+                row={"noop": {"fail": "always"} if i % 25 == 0 else {"sleep_s": rnd.random() * 0.3}},
+            )
+            for i in range(500)
+        ]
         tool = [client.task(run_id="chaos", agent="single_tool_call", row=r) for r in stub_rows(300)]
         tasks = noop + tool
         rnd.shuffle(tasks)
         raw = redis.Redis.from_url(settings.redis_url)
         poisoned = 0
-        for i in range(0, len(tasks), 40):      # spread over ~20 s, so the chaos lands mid-run
-            await client.submit(tasks[i:i + 40])
+        for i in range(0, len(tasks), 40):  # spread over ~20 s, so the chaos lands mid-run
+            await client.submit(tasks[i : i + 40])
             for agent in ("noop", "single_tool_call"):
-                await client.outage.call(lambda: asyncio.to_thread(raw.xadd, settings.keys.tasks(agent),
-                                                                   POISON[poisoned % len(POISON)]), "poisoning")
+                await client.outage.call(
+                    lambda: asyncio.to_thread(raw.xadd, settings.keys.tasks(agent), POISON[poisoned % len(POISON)]),
+                    "poisoning",
+                )
                 poisoned += 1
             await asyncio.sleep(1.0)
         raw.close()
@@ -126,8 +153,9 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
     r = redis.Redis.from_url(settings.redis_url)
     try:
         dead = {agent: r.xrange(settings.keys.dead(agent)) for agent in ("noop", "single_tool_call")}
-        pending = {agent: r.xpending(settings.keys.tasks(agent), GROUP)["pending"]
-                   for agent in ("noop", "single_tool_call")}
+        pending = {
+            agent: r.xpending(settings.keys.tasks(agent), GROUP)["pending"] for agent in ("noop", "single_tool_call")
+        }
     finally:
         r.close()
         server.stop()
@@ -137,16 +165,18 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
     always = {t.task_id for t in tasks if t.row.get("noop", {}).get("fail") == "always"}
     letters = [f for agent in dead.values() for _, f in agent]
     letter_kinds = Counter(f[b"kind"].decode() for f in letters)
-    print(f"\nchaos tally: {len(tasks)} tasks, {len(got)} rollouts at the consumer "
-          f"({sum(x.ok for x in got)} ok, {sum(not x.ok for x in got)} failed: {dict(kinds)}), "
-          f"{duplicates} duplicate deliveries dropped, {poisoned} poison entries, "
-          f"{len(letters)} dead letters {dict(letter_kinds)}, pending left {pending}; chaos: {dict(events)}")
+    print(
+        f"\nchaos tally: {len(tasks)} tasks, {len(got)} rollouts at the consumer "
+        f"({sum(x.ok for x in got)} ok, {sum(not x.ok for x in got)} failed: {dict(kinds)}), "
+        f"{duplicates} duplicate deliveries dropped, {poisoned} poison entries, "
+        f"{len(letters)} dead letters {dict(letter_kinds)}, pending left {pending}; chaos: {dict(events)}"
+    )
 
     assert events["worker SIGKILL"] and events["worker SIGSTOP"] and events["policy 503 burst"]
     assert events["redis SIGKILL + restart"]
-    assert sorted(ids) == sorted(t.task_id for t in tasks)                      # exactly one each
+    assert sorted(ids) == sorted(t.task_id for t in tasks)  # exactly one each
     assert all(x.error.kind in set(ErrorKind) and x.error.message for x in got if not x.ok)
-    assert kinds.get("deadline", 0) == 0, kinds                                 # nothing lost on the way
+    assert kinds.get("deadline", 0) == 0, kinds  # nothing lost on the way
     failed = {x.task_id for x in got if not x.ok}
     assert failed == always, (failed - always, always - failed)
     # Dead letters: each always-failing task once, each poison entry once; nothing else.

@@ -7,6 +7,7 @@ traceback, and nothing left behind in Redis. The terminal tests run `farm collec
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
@@ -17,13 +18,13 @@ import struct
 import subprocess
 import sys
 import termios
-import fcntl
 import time
 from pathlib import Path
 
 import pytest
 
 from farm.cli import main
+
 from conftest import ROOT, spawn_worker, stop, wait_for, worker_env
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -32,13 +33,19 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 @pytest.fixture
 def files(tmp_path):
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"},
-                                        "noop": {}}) + "\n" for i in range(3)))
+    rows.write_text(
+        "".join(
+            json.dumps({"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"}, "noop": {}})
+            + "\n"
+            for i in range(3)
+        )
+    )
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "latin1.jsonl").write_bytes(b'{"responses_create_params": {"input": "caf\xe9"}}\n')
     (tmp_path / "invalid.jsonl").write_text("{not json\n[1, 2]\n")
-    (tmp_path / "ghost.jsonl").write_text(json.dumps({"responses_create_params": {"input": "x"},
-                                                      "agent_ref": {"name": "ghost_agent"}}) + "\n")
+    (tmp_path / "ghost.jsonl").write_text(
+        json.dumps({"responses_create_params": {"input": "x"}, "agent_ref": {"name": "ghost_agent"}}) + "\n"
+    )
     (tmp_path / "bad.yaml").write_text("a: [unclosed\n")
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     (tmp_path / "unknown.yaml").write_text("bogus_key: 1\n")
@@ -83,8 +90,11 @@ BAD = [
     (["worker", "--agent", "noop", "--processes", "x"], {}, "'x'"),
     (["worker", "--agent", "noop", "--concurrency", "1e9"], {}, "1e9"),
     (["worker", "--agent", "no_such_agent"], {}, "no_such_agent"),
-    (["--redis-url", "redis://127.0.0.1:1/0", "worker", "--agent", "noop"], {"FARM_REDIS_DOWN_MAX_S": "1"},
-     "127.0.0.1:1"),
+    (
+        ["--redis-url", "redis://127.0.0.1:1/0", "worker", "--agent", "noop"],
+        {"FARM_REDIS_DOWN_MAX_S": "1"},
+        "127.0.0.1:1",
+    ),
     (["--redis-url", "redis://127.0.0.1:1/0", "status"], {}, "127.0.0.1:1"),
     (["status", "--watch", "-1"], {}, "-1"),
     (["status", "--watch", "nan"], {}, "nan"),
@@ -142,17 +152,29 @@ BAD = [
 
 
 def _run(argv: list[str], env: dict[str, str], redis_url: str, namespace: str, tmp: Path) -> tuple[int, str]:
-    full = ["--namespace", namespace] + [a.replace("{tmp}", str(tmp)) for a in argv] \
-        if "--namespace" not in argv else [a.replace("{tmp}", str(tmp)) for a in argv]
+    full = (
+        ["--namespace", namespace] + [a.replace("{tmp}", str(tmp)) for a in argv]
+        if "--namespace" not in argv
+        else [a.replace("{tmp}", str(tmp)) for a in argv]
+    )
     base = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
-    proc = subprocess.run([sys.executable, "-m", "farm", *full], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={**base, "FARM_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT), **env})
+    proc = subprocess.run(
+        [sys.executable, "-m", "farm", *full],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**base, "FARM_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT), **env},
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
 def test_the_table_is_large_and_spans_every_subcommand():
-    commands = {next(a for a in argv if not a.startswith("-") and "{tmp}" not in a and "/" not in a)
-                for argv, _, _ in BAD if any(not a.startswith("-") for a in argv)}
+    commands = {
+        next(a for a in argv if not a.startswith("-") and "{tmp}" not in a and "/" not in a)
+        for argv, _, _ in BAD
+        if any(not a.startswith("-") for a in argv)
+    }
     assert len(BAD) >= 60
     assert {"redis", "worker", "status", "policy", "demo", "collect", "data", "train", "up", "completion"} <= commands
 
@@ -184,8 +206,9 @@ def test_version_and_help_with_examples():
 
 
 def test_status_names_its_redis_and_namespace_and_prints_zeros(settings, redis_url, namespace):
-    from farm.client import FarmClient
     import asyncio
+
+    from farm.client import FarmClient
 
     async def submit():
         client = FarmClient(settings)
@@ -193,12 +216,18 @@ def test_status_names_its_redis_and_namespace_and_prints_zeros(settings, redis_u
         await client.aclose()
 
     asyncio.run(submit())
-    out = subprocess.run([sys.executable, "-m", "farm", "status"], cwd=ROOT, capture_output=True, text=True,
-                         env=worker_env(settings), timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "farm", "status"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=worker_env(settings),
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     assert f"namespace {namespace!r}" in out.stdout and redis_url.split("@")[-1] in out.stdout
     row = next(line for line in out.stdout.splitlines() if line.startswith("noop"))
-    assert row.split()[1:6] == ["1", "0", "1", "0", "0"], row   # queued, pending, lag, delayed, dead
+    assert row.split()[1:6] == ["1", "0", "1", "0", "0"], row  # queued, pending, lag, delayed, dead
 
 
 def test_data_generate_honours_environment_options(tmp_path):
@@ -216,18 +245,20 @@ def test_train_takes_the_reference_config_and_passes_trl_keys_through(tmp_path, 
     import trainer.train as train_mod
 
     cfg = tmp_path / "config.yaml"
-    cfg.write_text('model_name: "Qwen/Qwen2.5-1.5B-Instruct"\ndataset_path: "/path/train_mini_sudoku.jsonl"\n'
-                   'eval_dataset_path: "/path/val.jsonl"\ntask: "mini-sudoku"\noutput_dir: "outputs/x"\n'
-                   "learning_rate: 1.0e-5\nnum_generations: 16\nper_device_train_batch_size: 8\n"
-                   "gradient_accumulation_steps: 1\nmax_completion_length: 10000\n"
-                   "vllm_importance_sampling_correction: true\ntemperature: 1.0\ntop_p: 0.999\nmax_grad_norm: 0.5\n")
+    cfg.write_text(
+        'model_name: "Qwen/Qwen2.5-1.5B-Instruct"\ndataset_path: "/path/train_mini_sudoku.jsonl"\n'
+        'eval_dataset_path: "/path/val.jsonl"\ntask: "mini-sudoku"\noutput_dir: "outputs/x"\n'
+        "learning_rate: 1.0e-5\nnum_generations: 16\nper_device_train_batch_size: 8\n"
+        "gradient_accumulation_steps: 1\nmax_completion_length: 10000\n"
+        "vllm_importance_sampling_correction: true\ntemperature: 1.0\ntop_p: 0.999\nmax_grad_norm: 0.5\n"
+    )
     seen = {}
     monkeypatch.setattr(train_mod, "run_train", lambda settings, c: seen.update(settings=settings, cfg=c) or {"ok": 1})
     assert main(["train", "--config", str(cfg)]) == 0
     assert seen["cfg"].dataset_path == "/path/train_mini_sudoku.jsonl" and seen["cfg"].trl == {"max_grad_norm": 0.5}
     from trainer.config import grpo_args
 
-    args = grpo_args(seen["cfg"], use_cpu=True, per_device_train_batch_size=16)   # TRL checks the batch shape
+    args = grpo_args(seen["cfg"], use_cpu=True, per_device_train_batch_size=16)  # TRL checks the batch shape
     assert args.max_grad_norm == 0.5
     from farm.errors import ConfigError
 
@@ -239,9 +270,24 @@ def test_train_takes_the_reference_config_and_passes_trl_keys_through(tmp_path, 
 def test_collect_says_when_an_agent_has_no_worker_and_gives_up(files, settings):
     env = worker_env(settings, FARM_NO_WORKERS_TIMEOUT_S="3")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(files / "rows.jsonl"), "--output",
-                           str(files / "o.jsonl"), "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "collect",
+            "--input",
+            str(files / "rows.jsonl"),
+            "--output",
+            str(files / "o.jsonl"),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and time.monotonic() - t0 < 30
     assert "no live worker for agent 'noop'" in proc.stderr and "farm worker --agent noop" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -249,11 +295,19 @@ def test_collect_says_when_an_agent_has_no_worker_and_gives_up(files, settings):
 
 # -- terminals -----------------------------------------------------------------------------
 
+
 def _pty_run(cmd: list[str], env: dict, seconds: float, interrupt_after: float | None = None) -> str:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**env, "COLUMNS": "80", "LINES": "24", "TERM": "xterm"},
-                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**env, "COLUMNS": "80", "LINES": "24", "TERM": "xterm"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
     os.close(slave)
     out = b""
     deadline = time.monotonic() + seconds
@@ -288,29 +342,62 @@ def _lines(text: str) -> list[str]:
 
 def test_collect_under_an_80_column_terminal_fits_and_shows_progress(files, settings):
     rows = files / "slow.jsonl"
-    rows.write_text("".join(json.dumps({"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"},
-                                        "noop": {"sleep_s": 0.2}}) + "\n" for i in range(40)))
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"}, "noop": {"sleep_s": 0.2}}
+            )
+            + "\n"
+            for i in range(40)
+        )
+    )
     worker = spawn_worker(settings, "--agent", "noop", "--concurrency", "4")
     try:
-        out = _pty_run([sys.executable, "-m", "farm", "collect", "--input", str(rows), "--output",
-                        str(files / "tty.jsonl")], worker_env(settings), 60)
+        out = _pty_run(
+            [sys.executable, "-m", "farm", "collect", "--input", str(rows), "--output", str(files / "tty.jsonl")],
+            worker_env(settings),
+            60,
+        )
     finally:
         stop(worker)
-    lines = [line for line in _lines(out) if " farm." not in line]     # the bar and the table, not log records
+    lines = [line for line in _lines(out) if " farm." not in line]  # the bar and the table, not log records
     assert max(len(line) for line in lines) <= 80, max(lines, key=len)
-    assert any("noop" in line and "/40" in line for line in lines), out[-2000:]     # the bar
-    assert any("pass@k" in line for line in lines)                                   # the table
+    assert any("noop" in line and "/40" in line for line in lines), out[-2000:]  # the bar
+    assert any("pass@k" in line for line in lines)  # the table
 
 
 def test_collect_in_a_pipe_prints_progress_lines_as_it_goes(files, settings):
     rows = files / "slow.jsonl"
-    rows.write_text("".join(json.dumps({"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"},
-                                        "noop": {"sleep_s": 0.5}}) + "\n" for i in range(24)))
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "noop"}, "noop": {"sleep_s": 0.5}}
+            )
+            + "\n"
+            for i in range(24)
+        )
+    )
     worker = spawn_worker(settings, "--agent", "noop", "--concurrency", "4")
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "farm", "collect", "--input", str(rows), "--output",
-                                 str(files / "pipe.jsonl"), "--progress-every", "1"], cwd=ROOT, env=worker_env(settings),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "farm",
+                "collect",
+                "--input",
+                str(rows),
+                "--output",
+                str(files / "pipe.jsonl"),
+                "--progress-every",
+                "1",
+            ],
+            cwd=ROOT,
+            env=worker_env(settings),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         stamped = []
         for line in proc.stdout:
             stamped.append((time.monotonic(), line.rstrip("\n")))
@@ -319,9 +406,11 @@ def test_collect_in_a_pipe_prints_progress_lines_as_it_goes(files, settings):
         stop(worker)
     assert proc.returncode == 0
     progress = [(t, line) for t, line in stamped if line.startswith("progress noop")]
-    assert len(progress) >= 2 and progress[-1][0] - progress[0][0] >= 1.0, stamped   # during the run, not only at the end
+    assert len(progress) >= 2 and progress[-1][0] - progress[0][0] >= 1.0, (
+        stamped
+    )  # during the run, not only at the end
     assert "24/24" in progress[-1][1].replace(" ", "") or "24/24" in progress[-1][1]
-    shown = [line for _, line in stamped if " farm." not in line]      # progress and the table, not log records
+    shown = [line for _, line in stamped if " farm." not in line]  # progress and the table, not log records
     assert all(len(line) <= 80 for line in shown), max(shown, key=len)
 
 
@@ -329,15 +418,28 @@ def test_status_watch_under_an_80_column_terminal_and_in_a_pipe(settings, namesp
     env = worker_env(settings)
     worker = spawn_worker(settings, "--agent", "noop", "--concurrency", "2")
     try:
-        wait_for(lambda: "noop" in subprocess.run([sys.executable, "-m", "farm", "status"], cwd=ROOT, env=env,
-                                                    capture_output=True, text=True).stdout, what="a live worker")
+        wait_for(
+            lambda: (
+                "noop"
+                in subprocess.run(
+                    [sys.executable, "-m", "farm", "status"], cwd=ROOT, env=env, capture_output=True, text=True
+                ).stdout
+            ),
+            what="a live worker",
+        )
         out = _pty_run([sys.executable, "-m", "farm", "status", "--watch", "0.5"], env, 10, interrupt_after=2.5)
         lines = _lines(out)
         assert max(len(line) for line in lines) <= 80, max(lines, key=len)
-        assert sum("workers alive: 1" in line for line in lines) >= 2, out[-2000:]     # it refreshed
+        assert sum("workers alive: 1" in line for line in lines) >= 2, out[-2000:]  # it refreshed
         assert any(f"namespace {namespace!r}" in line for line in lines)
-        piped = subprocess.Popen([sys.executable, "-m", "farm", "status", "--watch", "0.5"], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        piped = subprocess.Popen(
+            [sys.executable, "-m", "farm", "status", "--watch", "0.5"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         time.sleep(2.5)
         piped.send_signal(signal.SIGINT)
         text, _ = piped.communicate(timeout=20)
@@ -348,6 +450,7 @@ def test_status_watch_under_an_80_column_terminal_and_in_a_pipe(settings, namesp
 
 
 # -- farm up -------------------------------------------------------------------------------
+
 
 def _processes_of(namespace: str) -> list[int]:
     out = []
@@ -368,8 +471,14 @@ def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, 
     from farm.client import FarmClient
 
     env = worker_env(settings, FARM_DATA_DIR=str(tmp_path / "data"))
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "--config", str(ROOT / "configs" / "farm_up_noop.yaml"),
-                             "up"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "farm", "--config", str(ROOT / "configs" / "farm_up_noop.yaml"), "up"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         seen = []
         for line in proc.stdout:
@@ -388,7 +497,7 @@ def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, 
         got = asyncio.run(batch())
         assert len(got) == 50 and all(r.ok for r in got.values())
         children = [p for p in _processes_of(namespace) if p != proc.pid]
-        assert len(children) >= 3      # the pool supervisor and its two workers
+        assert len(children) >= 3  # the pool supervisor and its two workers
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)

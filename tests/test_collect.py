@@ -28,8 +28,11 @@ pytestmark = pytest.mark.slow
 
 
 def noop_row(i: int, agent: str = "noop", **spec) -> dict:
-    return {"responses_create_params": {"input": [{"role": "user", "content": f"question {i}"}]},
-            "agent_ref": {"type": "responses_api_agents", "name": agent}, "noop": spec}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": f"question {i}"}]},
+        "agent_ref": {"type": "responses_api_agents", "name": agent},
+        "noop": spec,
+    }
 
 
 def write_rows(path: Path, rows: list, raw_lines: dict[int, str] | None = None) -> Path:
@@ -90,8 +93,9 @@ def test_collects_every_pair_with_per_agent_repeats_and_metrics(tmp_path, redis_
     worker("--agent", "noop", "--concurrency", "16")
     worker_other = spawn_worker(settings, "--agent", "other", "--impl", "noop")
     try:
-        summary = run_collect(settings, opts(tmp_path, inp, num_repeats=parse_repeats("other=3,default=2"),
-                                             concurrency=20))
+        summary = run_collect(
+            settings, opts(tmp_path, inp, num_repeats=parse_repeats("other=3,default=2"), concurrency=20)
+        )
     finally:
         stop(worker_other)
     out = tmp_path / "out.jsonl"
@@ -101,7 +105,7 @@ def test_collects_every_pair_with_per_agent_repeats_and_metrics(tmp_path, redis_
     assert summary["exit_code"] == 0 and summary["complete"]
     rec = next(read_records(out))
     assert rec["row"]["noop"] and rec["rollout"]["status"] == "ok"
-    assert rec["rollout"]["trace"]["completion_ids"] == list(range(8))     # plain lists, not packed bytes
+    assert rec["rollout"]["trace"]["completion_ids"] == list(range(8))  # plain lists, not packed bytes
     assert rec["task_id"] == f"{summary['run_id']}:{rec['row_index']}:{rec['repeat_index']}"
     m = json.loads((tmp_path / "out_metrics.json").read_text())["agents"]
     assert m["noop"]["count"] == 80 and m["noop"]["k"] == 2 and m["noop"]["rows"] == 40
@@ -115,22 +119,44 @@ def test_collects_every_pair_with_per_agent_repeats_and_metrics(tmp_path, redis_
 
 def test_pass_and_majority_at_k_from_known_rewards():
     def rec(row, rep, reward, answer, status="ok", kind=None):
-        r = {"status": status, "reward": reward, "metrics": {"extracted_answer": answer},
-             "timings": {"total_s": 1.0 + rep}, "finished_at": 10.0}
+        r = {
+            "status": status,
+            "reward": reward,
+            "metrics": {"extracted_answer": answer},
+            "timings": {"total_s": 1.0 + rep},
+            "finished_at": 10.0,
+        }
         if status == "failed":
             r.update(reward=None, error={"kind": kind, "message": "x"})
-        return {"agent": "math", "row_index": row, "repeat_index": rep, "num_repeats": 4, "rollout": r,
-                "submitted_at": 5.0}
+        return {
+            "agent": "math",
+            "row_index": row,
+            "repeat_index": rep,
+            "num_repeats": 4,
+            "rollout": r,
+            "submitted_at": 5.0,
+        }
 
     records = [
         # row 0: one of four right, the majority wrong -> pass yes, majority no
-        rec(0, 0, 0.0, "3"), rec(0, 1, 1.0, "4"), rec(0, 2, 0.0, "3"), rec(0, 3, 0.0, "5"),
+        rec(0, 0, 0.0, "3"),
+        rec(0, 1, 1.0, "4"),
+        rec(0, 2, 0.0, "3"),
+        rec(0, 3, 0.0, "5"),
         # row 1: three right -> both
-        rec(1, 0, 1.0, "7"), rec(1, 1, 1.0, "7"), rec(1, 2, 0.0, "1"), rec(1, 3, 1.0, "7"),
+        rec(1, 0, 1.0, "7"),
+        rec(1, 1, 1.0, "7"),
+        rec(1, 2, 0.0, "1"),
+        rec(1, 3, 1.0, "7"),
         # row 2: a 2-2 tie, first seen (repeat 0) is wrong -> pass yes, majority no
-        rec(2, 3, 1.0, "9"), rec(2, 0, 0.0, "8"), rec(2, 1, 0.0, "8"), rec(2, 2, 1.0, "9"),
+        rec(2, 3, 1.0, "9"),
+        rec(2, 0, 0.0, "8"),
+        rec(2, 1, 0.0, "8"),
+        rec(2, 2, 1.0, "9"),
         # row 3: a failure counts as a sample that did not pass, never as a reward of 0
-        rec(3, 0, None, None, "failed", "verifier"), rec(3, 1, 0.0, "2"), rec(3, 2, 0.0, "2"),
+        rec(3, 0, None, None, "failed", "verifier"),
+        rec(3, 1, 0.0, "2"),
+        rec(3, 2, 0.0, "2"),
         rec(3, 3, None, None, "failed", "timeout"),
     ]
     m = aggregate(records)["math"]
@@ -144,12 +170,29 @@ def test_pass_and_majority_at_k_from_known_rewards():
 
 def test_malformed_lines_reported_with_line_numbers(tmp_path, settings, sync_redis, worker):
     rows = [noop_row(i) for i in range(6)]
-    inp = write_rows(tmp_path / "rows.jsonl", rows, {2: "{not json", 5: '["a list"]',
-                                                     7: '{"agent_ref": {"name": "noop"}}'})
+    inp = write_rows(
+        tmp_path / "rows.jsonl", rows, {2: "{not json", 5: '["a list"]', 7: '{"agent_ref": {"name": "noop"}}'}
+    )
     env = worker_env(settings)
-    strict = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output",
-                             str(tmp_path / "strict.jsonl"), "--strict", "--no-progress"],
-                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    strict = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "collect",
+            "--input",
+            str(inp),
+            "--output",
+            str(tmp_path / "strict.jsonl"),
+            "--strict",
+            "--no-progress",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert strict.returncode == 2
     for number in (2, 5, 7):
         assert f"rows.jsonl:{number}: skipped" in strict.stderr
@@ -157,9 +200,24 @@ def test_malformed_lines_reported_with_line_numbers(tmp_path, settings, sync_red
     assert sync_redis.xlen(settings.keys.tasks("noop")) == 0
 
     worker("--agent", "noop")
-    lenient = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output",
-                              str(tmp_path / "out.jsonl"), "--no-progress"],
-                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lenient = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "collect",
+            "--input",
+            str(inp),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            "--no-progress",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert lenient.returncode == 0, lenient.stderr
     assert "rows.jsonl:2: skipped: not valid JSON" in lenient.stderr
     assert "rows.jsonl:7: skipped: missing `responses_create_params.input`" in lenient.stderr
@@ -215,9 +273,27 @@ def test_sigkill_halfway_then_resume_writes_every_pair_exactly_once(tmp_path, se
     inp = write_rows(tmp_path / "rows.jsonl", rows)
     out = tmp_path / "out.jsonl"
     worker("--agent", "noop", "--concurrency", "16")
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output", str(out),
-                             "--num-repeats", "2", "--concurrency", "16", "--no-progress"],
-                            env=worker_env(settings), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "collect",
+            "--input",
+            str(inp),
+            "--output",
+            str(out),
+            "--num-repeats",
+            "2",
+            "--concurrency",
+            "16",
+            "--no-progress",
+        ],
+        env=worker_env(settings),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 80, timeout=60, what="80 lines")
     finally:
@@ -226,7 +302,7 @@ def test_sigkill_halfway_then_resume_writes_every_pair_exactly_once(tmp_path, se
     first = pairs(out, Paths.for_output(out).failures)
     assert 80 <= sum(first.values()) < 300, "killed halfway"
     with open(out, "ab") as f:
-        f.write(b'{"row_index": 149, "repeat_ind')            # a torn last line, as a crash may leave
+        f.write(b'{"row_index": 149, "repeat_ind')  # a torn last line, as a crash may leave
     summary = run_collect(settings, opts(tmp_path, inp, num_repeats={"default": 2}, concurrency=16, resume=True))
     failures = Paths.for_output(out).failures
     got = pairs(out, failures)
@@ -253,11 +329,12 @@ def test_failures_go_to_the_sidecar_with_the_reason(tmp_path, settings, worker):
     assert bad[2]["rollout"]["attempt"] == settings.max_attempts and "noop told to fail" in bad[2]["reason"]
     kind = bad[2]["rollout"]["error"]["kind"]
     assert summary["agents"]["noop"]["failures"] == {"verifier": 1, kind: 1}
-    assert summary["agents"]["noop"]["mean_reward"] == 1.0     # failures carry no reward, not a 0
+    assert summary["agents"]["noop"]["mean_reward"] == 1.0  # failures carry no reward, not a 0
 
     slow = write_rows(tmp_path / "slow.jsonl", [noop_row(0, sleep_s=3.0)])
-    summary = run_collect(settings, CollectOptions(input=slow, output=tmp_path / "slow_out.jsonl", timeout_s=0.5,
-                                                   progress=False))
+    summary = run_collect(
+        settings, CollectOptions(input=slow, output=tmp_path / "slow_out.jsonl", timeout_s=0.5, progress=False)
+    )
     (late,) = read_records(tmp_path / "slow_out_failures.jsonl")
     assert late["rollout"]["error"]["kind"] == "deadline" and late["reason"].startswith("deadline:")
     assert summary["agents"]["noop"]["failures"] == {"deadline": 1}
@@ -286,25 +363,49 @@ def test_repair_tail(tmp_path):
 def test_embedded_starts_its_own_workers(tmp_path, settings, sync_redis):
     inp = write_rows(tmp_path / "rows.jsonl", [noop_row(i, reward=1.0) for i in range(30)])
     env = worker_env(settings, FARM_DATA_DIR=str(tmp_path / "data"))
-    proc = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output",
-                           str(tmp_path / "out.jsonl"), "--embedded", "--num-repeats", "2"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "collect",
+            "--input",
+            str(inp),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            "--embedded",
+            "--num-repeats",
+            "2",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(pairs(tmp_path / "out.jsonl")) == 60
-    assert "reward" in proc.stdout and "pass@k" in proc.stdout and "noop" in proc.stdout   # the metrics table
+    assert "reward" in proc.stdout and "pass@k" in proc.stdout and "noop" in proc.stdout  # the metrics table
     assert (tmp_path / "data" / "logs" / "collect-worker-noop.log").exists()
-    wait_for(lambda: not list(sync_redis.scan_iter(match=settings.keys.worker_pattern())), timeout=10,
-             what="the embedded workers to stop")
+    wait_for(
+        lambda: not list(sync_redis.scan_iter(match=settings.keys.worker_pattern())),
+        timeout=10,
+        what="the embedded workers to stop",
+    )
 
 
 def test_ctrl_c_stops_cleanly_and_resume_completes(tmp_path, settings, worker):
     worker("--agent", "noop", "--concurrency", "8")
     inp = write_rows(tmp_path / "rows.jsonl", [noop_row(i, sleep_s=0.05) for i in range(200)])
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output", str(out),
-                             "--concurrency", "8"],
-                            env=worker_env(settings), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output", str(out), "--concurrency", "8"],
+        env=worker_env(settings),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 20, timeout=60, what="20 lines")
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
@@ -324,14 +425,16 @@ def test_parquet_output(tmp_path, settings, worker):
     worker("--agent", "noop")
     inp = write_rows(tmp_path / "rows.jsonl", [noop_row(i, reward=0.5, tokens=4) for i in range(12)])
     pq_out = tmp_path / "rollouts.parquet"
-    s = run_collect(settings, CollectOptions(input=inp, output=pq_out, format="parquet", num_repeats={"default": 2},
-                                             progress=False))
+    s = run_collect(
+        settings, CollectOptions(input=inp, output=pq_out, format="parquet", num_repeats={"default": 2}, progress=False)
+    )
     assert s["parquet_rows"] == 24 and not Path(f"{pq_out}.journal.jsonl").exists()
     table = pq.read_table(pq_out)
     assert table.num_rows == 24 and table.schema.field("completion_ids").type == pa.list_(pa.int32())
     assert table.column("completion_ids").to_pylist()[0] == [0, 1, 2, 3]
-    assert sorted(zip(table.column("row_index").to_pylist(), table.column("repeat_index").to_pylist())) == \
-        [(i, r) for i in range(12) for r in range(2)]
+    assert sorted(zip(table.column("row_index").to_pylist(), table.column("repeat_index").to_pylist())) == [
+        (i, r) for i in range(12) for r in range(2)
+    ]
     assert json.loads(table.column("row").to_pylist()[0])["noop"]["reward"] == 0.5
     assert (tmp_path / "rollouts_metrics.json").exists()
     try:
@@ -359,12 +462,37 @@ def test_embedded_collects_two_environments_against_real_vllm(tmp_path, settings
 
     rows = load_env("single_tool_call").generate(2, seed=1) + load_env("mcqa").generate(2, seed=1)
     inp = write_rows(tmp_path / "rows.jsonl", rows)
-    env = worker_env(settings, FARM_DATA_DIR=str(tmp_path / "data"), FARM_POLICY_URLS=vllm.url,
-                     FARM_POLICY_MODEL=vllm.served_model_name, FARM_POLICY_TOKENIZER=str(model_dir))
-    proc = subprocess.run([sys.executable, "-m", "farm", "collect", "--input", str(inp), "--output",
-                           str(tmp_path / "out.jsonl"), "--embedded", "--num-repeats", "mcqa=3,default=2",
-                           "--max-tokens", "48", "--worker-concurrency", "8"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    env = worker_env(
+        settings,
+        FARM_DATA_DIR=str(tmp_path / "data"),
+        FARM_POLICY_URLS=vllm.url,
+        FARM_POLICY_MODEL=vllm.served_model_name,
+        FARM_POLICY_TOKENIZER=str(model_dir),
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "collect",
+            "--input",
+            str(inp),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            "--embedded",
+            "--num-repeats",
+            "mcqa=3,default=2",
+            "--max-tokens",
+            "48",
+            "--worker-concurrency",
+            "8",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = list(read_records(tmp_path / "out.jsonl")) + list(read_records(tmp_path / "out_failures.jsonl"))
     assert Counter(r["agent"] for r in recs) == {"single_tool_call": 4, "mcqa": 6}
@@ -376,4 +504,4 @@ def test_embedded_collects_two_environments_against_real_vllm(tmp_path, settings
     m = json.loads((tmp_path / "out_metrics.json").read_text())["agents"]
     assert m["mcqa"]["k"] == 3 and m["single_tool_call"]["k"] == 2
     assert m["mcqa"]["completion_tokens"] > 0 and m["mcqa"]["tokens_per_s"] > 0
-    assert "single_tool_call" in proc.stdout and "mcqa" in proc.stdout      # the metrics table
+    assert "single_tool_call" in proc.stdout and "mcqa" in proc.stdout  # the metrics table

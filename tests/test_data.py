@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 
 from envs.data import DataError, check_row, run_blend, run_generate, run_prepare
-from workers.agent import known_agents
 from farm import schema
 from farm.errors import UnknownAgent
 from farm.schema import Task
+from workers.agent import known_agents
 
 AGENTS = {"session_state", "single_tool_call", "noop"}
 
@@ -20,21 +20,44 @@ AGENTS = {"session_state", "single_tool_call", "noop"}
 NEMO_GYM_COUNTER = {
     "responses_create_params": {
         "input": [{"role": "user", "content": "add 4 then add 5 then get the count"}],
-        "tools": [{"name": "increment_counter", "parameters": {"type": "object", "properties": {
-                       "count": {"type": "integer", "description": ""}}, "required": ["count"],
-                       "additionalProperties": False}, "strict": True, "type": "function", "description": ""},
-                  {"name": "get_counter_value", "parameters": {"type": "object", "properties": {}, "required": [],
-                                                               "additionalProperties": False},
-                   "strict": True, "type": "function", "description": ""}],
-        "parallel_tool_calls": False},
+        "tools": [
+            {
+                "name": "increment_counter",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"count": {"type": "integer", "description": ""}},
+                    "required": ["count"],
+                    "additionalProperties": False,
+                },
+                "strict": True,
+                "type": "function",
+                "description": "",
+            },
+            {
+                "name": "get_counter_value",
+                "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+                "strict": True,
+                "type": "function",
+                "description": "",
+            },
+        ],
+        "parallel_tool_calls": False,
+    },
     "agent_ref": {"type": "responses_api_agents", "name": "session_state"},
-    "expected_count": 15, "initial_count": 6, "_ng_task_index": 1, "_ng_rollout_index": 0,
+    "expected_count": 15,
+    "initial_count": 6,
+    "_ng_task_index": 1,
+    "_ng_rollout_index": 0,
 }
 NEMO_GYM_MATH = {
-    "responses_create_params": {"input": [
-        {"role": "system", "content": "Put the final answer in \\boxed{}."},
-        {"role": "user", "content": [{"type": "input_text", "text": "What is 6 x 7?"}]}]},
-    "question": "What is 6 x 7?", "expected_answer": "42",
+    "responses_create_params": {
+        "input": [
+            {"role": "system", "content": "Put the final answer in \\boxed{}."},
+            {"role": "user", "content": [{"type": "input_text", "text": "What is 6 x 7?"}]},
+        ]
+    },
+    "question": "What is 6 x 7?",
+    "expected_answer": "42",
     "agent_ref": {"type": "responses_api_agents", "name": "math_with_judge_simple_agent"},
 }
 
@@ -81,16 +104,16 @@ def test_generate_an_unknown_environment_fails_before_writing(tmp_path):
 
 # -- prepare ----------------------------------------------------------------------------------
 BAD_FILE = [
-    good(1, agent_ref={"type": "responses_api_agents", "name": "noop"}),   # 1 ok
-    '{"responses_create_params": {"input": "hi"',                           # 2 truncated JSON
-    "[1, 2, 3]",                                                             # 3 not an object
-    {"question": "no params", "agent_ref": {"name": "noop"}},                # 4 no responses_create_params
-    {"responses_create_params": {"input": []}, "agent_ref": {"name": "noop"}},            # 5 empty input
-    "",                                                                                    # 6 blank: skipped
+    good(1, agent_ref={"type": "responses_api_agents", "name": "noop"}),  # 1 ok
+    '{"responses_create_params": {"input": "hi"',  # 2 truncated JSON
+    "[1, 2, 3]",  # 3 not an object
+    {"question": "no params", "agent_ref": {"name": "noop"}},  # 4 no responses_create_params
+    {"responses_create_params": {"input": []}, "agent_ref": {"name": "noop"}},  # 5 empty input
+    "",  # 6 blank: skipped
     {"responses_create_params": {"input": [{"content": "no role"}]}, "agent_ref": {"name": "noop"}},  # 7
     good(8, agent_ref={"type": "responses_api_agents", "name": "nobody"}),  # 8 unknown agent
-    good(9, agent_ref={"type": "resources_servers", "name": "noop"}),       # 9 wrong type
-    good(10),                                                                # 10 no agent_ref, no --agent
+    good(9, agent_ref={"type": "resources_servers", "name": "noop"}),  # 9 wrong type
+    good(10),  # 10 no agent_ref, no --agent
     {"responses_create_params": {"input": "x", "tools": [{"type": "function"}]}, "agent_ref": {"name": "noop"}},
 ]
 
@@ -102,11 +125,17 @@ def test_prepare_reports_every_bad_row_by_line_and_writes_nothing(tmp_path):
         run_prepare(path, agents=AGENTS)
     msg = str(info.value)
     assert [e.line for e in info.value.errors] == [2, 3, 4, 5, 7, 8, 9, 10, 11]
-    for needle in ("line 2: invalid JSON", "line 3: a row must be a JSON object",
-                   "line 4: missing `responses_create_params`", "line 5: `responses_create_params.input` is empty",
-                   "line 7: `responses_create_params.input[0]` has role None",
-                   "line 8: unknown agent_ref name 'nobody'", "line 9: `agent_ref.type`",
-                   "line 10: missing `agent_ref`", "line 11: `responses_create_params.tools[0]`"):
+    for needle in (
+        "line 2: invalid JSON",
+        "line 3: a row must be a JSON object",
+        "line 4: missing `responses_create_params`",
+        "line 5: `responses_create_params.input` is empty",
+        "line 7: `responses_create_params.input[0]` has role None",
+        "line 8: unknown agent_ref name 'nobody'",
+        "line 9: `agent_ref.type`",
+        "line 10: missing `agent_ref`",
+        "line 11: `responses_create_params.tools[0]`",
+    ):
         assert needle in msg
     assert path.read_bytes() == before, "a failed prepare leaves the file as it was"
     assert list(tmp_path.iterdir()) == [path], "no temporary file is left behind"
@@ -127,8 +156,9 @@ def test_prepare_adds_a_missing_agent_ref_and_keeps_existing_ones(tmp_path):
     rows = read(path)
     assert [r["agent_ref"] for r in rows] == [
         {"type": "responses_api_agents", "name": "session_state"},
-        {"type": "responses_api_agents", "name": "noop"},          # its type filled in, its name kept
-        {"type": "responses_api_agents", "name": "session_state"}]
+        {"type": "responses_api_agents", "name": "noop"},  # its type filled in, its name kept
+        {"type": "responses_api_agents", "name": "session_state"},
+    ]
     assert [r["answer"] for r in rows] == [0, 1, 2]
     assert summary.agent_refs_added == 2 and summary.per_agent == {"session_state": 2, "noop": 1}
 
@@ -185,8 +215,10 @@ def test_known_agents_are_environments_and_agents():
 
 # -- blend ------------------------------------------------------------------------------------
 def agent_file(tmp_path, name, n):
-    return write(tmp_path / f"{name}.jsonl",
-                 [good(i, agent_ref={"type": "responses_api_agents", "name": name}) for i in range(n)])
+    return write(
+        tmp_path / f"{name}.jsonl",
+        [good(i, agent_ref={"type": "responses_api_agents", "name": name}) for i in range(n)],
+    )
 
 
 def test_blend_is_balanced_shuffled_and_deterministic(tmp_path):

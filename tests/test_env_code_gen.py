@@ -10,8 +10,8 @@ import random
 import pytest
 import yaml
 
-from envs.sdk import Transcript
 from envs.code_gen import FAMILIES, CodeGen, extract_code, generate, make_row, reference_solution
+from envs.sdk import Transcript
 from farm.schema import Sampling
 
 from conftest import run_through_worker
@@ -41,16 +41,16 @@ def test_generation_is_deterministic_and_covers_the_families():
     tests = row["verifier_metadata"]["unit_tests"]
     assert len(tests["inputs"]) == len(tests["outputs"]) == 6 and tests["fn_name"] in reference_solution(row)
     assert "```python" in row["responses_create_params"]["input"][-1]["content"]
-    json.dumps(rows)   # JSONL-ready
+    json.dumps(rows)  # JSONL-ready
 
 
 def test_extracts_the_last_python_block():
     assert extract_code("```python\na = 1\n```\ntext\n```python\nb = 2\n```") == "b = 2\n"
     assert extract_code("```py\nc = 3\n```") == "c = 3\n"
-    assert extract_code("```\nd = 4\n```") == "d = 4\n"                          # unlabelled, as a fallback
+    assert extract_code("```\nd = 4\n```") == "d = 4\n"  # unlabelled, as a fallback
     assert extract_code("```python\ne = 5\n```\n```text\nnot code\n```") == "e = 5\n"
     assert extract_code("no code here") is None
-    assert extract_code("```python\nunterminated = 1\n") is None                  # cut off by max_tokens
+    assert extract_code("```python\nunterminated = 1\n") is None  # cut off by max_tokens
 
 
 async def test_every_shipped_reference_solution_gets_full_reward(env):
@@ -79,11 +79,11 @@ async def test_partial_solutions_get_the_fraction_or_nothing_when_all_is_require
     clamp = next(f for f in FAMILIES if f.id == "clamp")
     row = next(r for r in (make_row(clamp, random.Random(s)) for s in range(100)) if 0 < right(r) < 6)
     lo, expected_right = row["problem"]["params"]["lo"], right(row)
-    half = f"def clamp(x):\n    return max({lo}, x)\n"   # forgets the upper bound
+    half = f"def clamp(x):\n    return max({lo}, x)\n"  # forgets the upper bound
     v = await env.score(row, None, answer(half))
     assert v.reward == pytest.approx(expected_right / 6) and v.metrics["passed"] == expected_right
     strict = CodeGen(reward="all", redis_url=redis_url, queue=queue, start_sandbox_worker=False, wall_s=3.0)
-    strict._client = env.client   # share the running sandbox workers
+    strict._client = env.client  # share the running sandbox workers
     v = await strict.score(row, None, answer(half))
     assert v.reward == 0.0 and v.metrics["passed"] == expected_right
     assert (await strict.score(row, None, answer(reference_solution(row)))).reward == 1.0
@@ -101,9 +101,11 @@ async def test_fraction_rewards_several_partial_answers(env):
 async def test_programs_that_time_out_or_do_not_load_score_zero_with_a_reason(env):
     row = generate(1, seed=4)[0]
     fn = row["verifier_metadata"]["unit_tests"]["fn_name"]
-    cases = {"timeout": f"def {fn}(*a):\n    while True:\n        pass\n",
-             "memory": f"x = bytearray(16 * 1024**3)\ndef {fn}(*a):\n    return 0\n",
-             "error": f"def {fn}(*a) return 0\n"}
+    cases = {
+        "timeout": f"def {fn}(*a):\n    while True:\n        pass\n",
+        "memory": f"x = bytearray(16 * 1024**3)\ndef {fn}(*a):\n    return 0\n",
+        "error": f"def {fn}(*a) return 0\n",
+    }
     verdicts = await asyncio.gather(*[env.score(row, None, answer(code)) for code in cases.values()])
     for reason, v in zip(cases, verdicts):
         assert v.reward == 0.0 and v.metrics["reason"] == reason, (reason, v)
@@ -125,6 +127,7 @@ async def test_by_default_the_sandbox_queue_is_a_password_protected_redis_of_its
         url = env.client.redis_url
         assert ":6379" not in url and "@127.0.0.1:" in url and len(url.split("@")[0]) > 20
         import redis
+
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url("redis://" + url.split("@", 1)[1]).ping()
     finally:
@@ -150,9 +153,16 @@ def test_worker_runs_code_gen_against_real_vllm(settings, vllm, model_dir, tmp_p
     worker) and the shared vLLM; SmolLM2-135M is weak, so this checks the pipeline."""
     config = tmp_path / "farm.yaml"
     config.write_text(yaml.safe_dump({"agents": {"code_gen": {"env": "code_gen", "sampling": {"max_tokens": 160}}}}))
-    got = run_through_worker(settings, vllm, model_dir, "code_gen", generate(4, seed=2),
-                             sampling=lambda i: Sampling(max_tokens=160, temperature=0.7, seed=i),
-                             timeout_s=300, FARM_CONFIG=str(config))
+    got = run_through_worker(
+        settings,
+        vllm,
+        model_dir,
+        "code_gen",
+        generate(4, seed=2),
+        sampling=lambda i: Sampling(max_tokens=160, temperature=0.7, seed=i),
+        timeout_s=300,
+        FARM_CONFIG=str(config),
+    )
     assert len(got) == 4
     for r in got:
         assert r.status.value in ("ok", "truncated"), r.error

@@ -48,8 +48,11 @@ def test_the_example_is_an_environment_with_typed_rows_and_derived_tool_schemas(
     add = pantry.TOOLS["add_item"].schema()["function"]
     assert add["description"] == "Put items into the pantry."
     assert add["parameters"]["required"] == ["item"]
-    assert add["parameters"]["properties"]["count"] == {"type": "integer", "default": 1,
-                                                        "description": "How many (default 1)."}
+    assert add["parameters"]["properties"]["count"] == {
+        "type": "integer",
+        "default": 1,
+        "description": "How many (default 1).",
+    }
     rows = env.generate(20, seed=3)
     assert rows == env.generate(20, seed=3) and rows != env.generate(20, seed=4)
     for row in rows:
@@ -59,7 +62,11 @@ def test_the_example_is_an_environment_with_typed_rows_and_derived_tool_schemas(
 
 async def test_its_tools_and_verifier_on_known_cases(pantry):
     env = pantry.Pantry()
-    row = {"responses_create_params": {"input": "Add 2 rice."}, "start": {"salt": 1}, "expected": {"salt": 1, "rice": 2}}
+    row = {
+        "responses_create_params": {"input": "Add 2 rice."},
+        "start": {"salt": 1},
+        "expected": {"salt": 1, "rice": 2},
+    }
     state = env.new_state(env.check_row(row))
     assert await pantry.TOOLS["add_item"](state, {"item": "rice", "count": 2}) == {"item": "rice", "stock": 2}
     assert (await env.score(row, state, said())).reward == 1.0
@@ -77,13 +84,15 @@ async def test_a_scripted_model_earns_the_reward_through_the_real_loop(pantry, t
     item, count = re.search(r"Add (\d+) (\w+)", row["responses_create_params"]["input"][-1]["content"]).group(2, 1)
     script = [hermes("get_stock"), hermes("add_item", {"item": item, "count": int(count)}), "done"]
     agent = PolicyAgent(env, ScriptedPolicy(tokenizer, script), tokenizer)
-    rollout = await agent.run(Task.new(run_id="guide", agent="pantry", row=row, reply_to="x"),
-                              AgentContext(worker_id="test", settings=None))
+    rollout = await agent.run(
+        Task.new(run_id="guide", agent="pantry", row=row, reply_to="x"), AgentContext(worker_id="test", settings=None)
+    )
     assert rollout.status is Status.ok and rollout.reward == 1.0 and rollout.metrics["tool_calls"] == 2
 
     broken = {**row, "expected": {item: "many"}}
     with pytest.raises(RolloutFailure, match="PantryRow") as info:
         await PolicyAgent(env, ScriptedPolicy(tokenizer, []), tokenizer).run(
             Task.new(run_id="guide", agent="pantry", row=broken, reply_to="x"),
-            AgentContext(worker_id="test", settings=None))
+            AgentContext(worker_id="test", settings=None),
+        )
     assert info.value.kind is ErrorKind.malformed

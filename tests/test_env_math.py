@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 import envs.math as math_env
-from envs.sdk import RowError, AgentSettings, Transcript
 from envs.cpu import VerifierTimeout
 from envs.math import Judge, JudgeError, Math, generate, last_boxed
+from envs.sdk import AgentSettings, RowError, Transcript
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
 from workers.agent import AgentContext
@@ -24,8 +24,11 @@ def said(text: str) -> Transcript:
 
 
 def row(expected: str, question: str = "Compute it.") -> dict:
-    return {"responses_create_params": {"input": [{"role": "user", "content": question}]},
-            "question": question, "expected_answer": expected}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": question}]},
+        "question": question,
+        "expected_answer": expected,
+    }
 
 
 @pytest.fixture
@@ -65,28 +68,34 @@ async def test_every_generated_answer_verifies_against_itself(env):
     assert [v.reward for v in verdicts] == [1.0] * len(rows)
 
 
-@pytest.mark.parametrize("expected, answer", [
-    ("\\frac{3}{4}", "The result is \\boxed{0.75}"),
-    ("\\frac{3}{4}", "\\boxed{3/4}"),
-    ("-\\frac{7}{2}", "x = -3.5, so \\boxed{-\\dfrac{7}{2}}"),
-    ("81", "3^4 = \\boxed{81}"),
-    ("5", "Solving gives \\boxed{x = 5}"),
-    ("2\\sqrt{2}", "\\boxed{\\sqrt{8}}"),
-    ("$12$", "first \\boxed{7}, no wait: \\boxed{12}"),
-])
+@pytest.mark.parametrize(
+    "expected, answer",
+    [
+        ("\\frac{3}{4}", "The result is \\boxed{0.75}"),
+        ("\\frac{3}{4}", "\\boxed{3/4}"),
+        ("-\\frac{7}{2}", "x = -3.5, so \\boxed{-\\dfrac{7}{2}}"),
+        ("81", "3^4 = \\boxed{81}"),
+        ("5", "Solving gives \\boxed{x = 5}"),
+        ("2\\sqrt{2}", "\\boxed{\\sqrt{8}}"),
+        ("$12$", "first \\boxed{7}, no wait: \\boxed{12}"),
+    ],
+)
 async def test_known_correct_answers_get_full_reward(env, expected, answer):
     v = await env.score(row(expected), None, said(answer))
     assert v.reward == 1.0 and v.components == {"library": 1.0} and v.metrics["has_boxed"]
 
 
-@pytest.mark.parametrize("expected, answer", [
-    ("\\frac{3}{4}", "\\boxed{\\frac{4}{3}}"),
-    ("5", "\\boxed{6}"),
-    ("12", "\\boxed{12} at first, but finally \\boxed{13}"),
-    ("81", "The answer is 81."),        # right number, but not boxed
-    ("81", "\\boxed{eighty}"),
-    ("7", ""),
-])
+@pytest.mark.parametrize(
+    "expected, answer",
+    [
+        ("\\frac{3}{4}", "\\boxed{\\frac{4}{3}}"),
+        ("5", "\\boxed{6}"),
+        ("12", "\\boxed{12} at first, but finally \\boxed{13}"),
+        ("81", "The answer is 81."),  # right number, but not boxed
+        ("81", "\\boxed{eighty}"),
+        ("7", ""),
+    ],
+)
 async def test_known_wrong_answers_get_none(env, expected, answer):
     v = await env.score(row(expected), None, said(answer))
     assert v.reward == 0.0 and v.components == {"library": 0.0}
@@ -116,7 +125,7 @@ async def test_a_hanging_comparison_is_killed_at_its_limit(make_math):
     with pytest.raises(VerifierTimeout, match="ran past 1.0s"):
         await e.score(row("5"), None, said("\\boxed{5}"))
     assert time.monotonic() - t0 < 10
-    del e.compare                                   # back to math-verify, in the same (replenished) pool
+    del e.compare  # back to math-verify, in the same (replenished) pool
     assert (await e.score(row("5"), None, said("\\boxed{5}"))).reward == 1.0
 
 
@@ -124,8 +133,10 @@ async def test_a_hanging_comparison_is_killed_at_its_limit(make_math):
 # (both orders must say equal, labels parsed, failures raised), which a scripted judge pins down
 # exactly; SmolLM2 would answer at random.
 
+
 def scripted_judge(decide, calls: list) -> Judge:
     """A judge whose reply is decide(answer_a, answer_b) -> text; every request body is kept in `calls`."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         calls.append(body)
@@ -145,7 +156,7 @@ async def test_judge_counts_equal_only_when_both_orders_agree(make_math):
     assert v.metrics["judge_verdicts"] == ["equal", "equal"]
     first, second = (c["messages"][-1]["content"] for c in calls)
     assert "Half of one?" in first and first.index("\\frac{1}{2}") < first.index("one half")
-    assert second.index("one half") < second.index("\\frac{1}{2}")          # asked again, swapped
+    assert second.index("one half") < second.index("\\frac{1}{2}")  # asked again, swapped
     assert calls[0]["model"] == "stub" and calls[0]["temperature"] == 0.0
 
     # A judge biased to the expected answer's position agrees in one order only: not equal.
@@ -181,7 +192,9 @@ async def test_judge_failures_raise_after_bounded_retries(make_math):
         await make_math(judge=judge).score(row("3"), None, said("\\boxed{4}"))
     assert len(seen) == 3 and str(seen[0]) == "http://judge.test/v1/chat/completions"
 
-    bad = Judge("http://judge.test", "stub", transport=httpx.MockTransport(lambda r: httpx.Response(404, text="no model")))
+    bad = Judge(
+        "http://judge.test", "stub", transport=httpx.MockTransport(lambda r: httpx.Response(404, text="no model"))
+    )
     with pytest.raises(JudgeError, match="HTTP 404"):
         await bad.ask("q", "1", "2")
     with pytest.raises(ValueError, match="judge_model"):
@@ -197,8 +210,10 @@ async def test_verifier_error_is_a_failed_rollout_with_its_reason(tokenizer, env
     with pytest.raises(RolloutFailure, match="verifier raised ValueError: expected answer") as info:
         await agent.run(task, AgentContext(worker_id="test", settings=None))
     assert info.value.kind == "verifier" and not info.value.retryable
-    good = await agent.run(Task.new(run_id="m", agent="math", row=row("5"), reply_to="farm:results:m"),
-                           AgentContext(worker_id="test", settings=None))
+    good = await agent.run(
+        Task.new(run_id="m", agent="math", row=row("5"), reply_to="farm:results:m"),
+        AgentContext(worker_id="test", settings=None),
+    )
     assert good.status.value == "ok" and good.reward == 1.0 and good.metrics["extracted_answer"] == "5"
 
 

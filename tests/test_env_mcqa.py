@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from envs.sdk import Transcript
 from envs.mcqa import LETTERS, MCQA, MODES, generate
+from envs.sdk import Transcript
 from farm.schema import Sampling
 
 from conftest import run_through_worker
@@ -19,8 +19,13 @@ def said(text: str) -> Transcript:
 
 
 def row(mode="strict_single_letter_boxed", expected="B", **extra) -> dict:
-    return {"responses_create_params": {"input": [{"role": "user", "content": "What is the capital of Peru?"}]},
-            "options": OPTIONS, "expected_answer": expected, "grading_mode": mode, **extra}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "What is the capital of Peru?"}]},
+        "options": OPTIONS,
+        "expected_answer": expected,
+        "grading_mode": mode,
+        **extra,
+    }
 
 
 async def reward(r: dict, text: str) -> float:
@@ -35,45 +40,51 @@ def test_generation_is_deterministic_by_seed():
     assert any("template_metadata" in r for r in rows)
     for r in rows:
         letters = [next(iter(o)) for o in r["options"]]
-        assert letters == list(LETTERS[:len(letters)]) and 4 <= len(letters) <= 10
+        assert letters == list(LETTERS[: len(letters)]) and 4 <= len(letters) <= 10
         texts = [next(iter(o.values())) for o in r["options"]]
-        assert len(set(texts)) == len(texts), r                  # no duplicate options
+        assert len(set(texts)) == len(texts), r  # no duplicate options
         assert r["expected_answer"] in letters
         prompt = r["responses_create_params"]["input"][0]["content"]
         assert all(f"{k}: {v}" in prompt for o in r["options"] for k, v in o.items())
     assert {r["grading_mode"] for r in MCQA(grading_mode="lenient_boxed").generate(20, seed=3)} == {"lenient_boxed"}
 
 
-@pytest.mark.parametrize("mode, text", [
-    ("strict_single_letter_boxed", "Lima is the capital. \\boxed{B}"),
-    ("strict_single_letter_boxed", "\\boxed{A} hmm, no: \\boxed{\\text{B}}"),
-    ("strict_single_letter_boxed", "Final: \\boxed{ (B) }"),
-    ("strict_single_letter_boxed", "\\boxed{B: Lima}"),
-    ("lenient_boxed", "\\boxed{B}"),
-    ("lenient_boxed", "\\boxed{lima}"),
-    ("lenient_boxed", "\\boxed{\\text{The answer is Lima}}"),
-    ("lenient_answer_colon", "Peru's capital is Lima.\nAnswer: B"),
-    ("lenient_answer_colon", "answer: **b**"),
-    ("lenient_answer_colon", "Answer: A\nWait, I was wrong.\nAnswer: Lima"),
-])
+@pytest.mark.parametrize(
+    "mode, text",
+    [
+        ("strict_single_letter_boxed", "Lima is the capital. \\boxed{B}"),
+        ("strict_single_letter_boxed", "\\boxed{A} hmm, no: \\boxed{\\text{B}}"),
+        ("strict_single_letter_boxed", "Final: \\boxed{ (B) }"),
+        ("strict_single_letter_boxed", "\\boxed{B: Lima}"),
+        ("lenient_boxed", "\\boxed{B}"),
+        ("lenient_boxed", "\\boxed{lima}"),
+        ("lenient_boxed", "\\boxed{\\text{The answer is Lima}}"),
+        ("lenient_answer_colon", "Peru's capital is Lima.\nAnswer: B"),
+        ("lenient_answer_colon", "answer: **b**"),
+        ("lenient_answer_colon", "Answer: A\nWait, I was wrong.\nAnswer: Lima"),
+    ],
+)
 async def test_known_correct_answers_get_full_reward(mode, text):
     v = await ENV.score(row(mode), None, said(text))
     assert v.reward == 1.0 and v.components == {"correct": 1.0} and v.metrics["extracted_answer"] == "B"
 
 
-@pytest.mark.parametrize("mode, text", [
-    ("strict_single_letter_boxed", "\\boxed{C}"),
-    ("strict_single_letter_boxed", "\\boxed{B} at first, then \\boxed{C}"),
-    ("strict_single_letter_boxed", "\\boxed{Lima}"),            # option text is lenient_boxed's job
-    ("strict_single_letter_boxed", "The answer is B."),          # not boxed
-    ("strict_single_letter_boxed", "\\boxed{E}"),                # not an option
-    ("lenient_boxed", "\\boxed{Lima or Oslo}"),                  # two options named: ambiguous
-    ("lenient_boxed", "Answer: B"),
-    ("lenient_answer_colon", "Answer: C"),
-    ("lenient_answer_colon", "\\boxed{B}"),
-    ("lenient_answer_colon", "Answer: I think it is Lima"),      # not exactly an option's text
-    ("lenient_answer_colon", ""),
-])
+@pytest.mark.parametrize(
+    "mode, text",
+    [
+        ("strict_single_letter_boxed", "\\boxed{C}"),
+        ("strict_single_letter_boxed", "\\boxed{B} at first, then \\boxed{C}"),
+        ("strict_single_letter_boxed", "\\boxed{Lima}"),  # option text is lenient_boxed's job
+        ("strict_single_letter_boxed", "The answer is B."),  # not boxed
+        ("strict_single_letter_boxed", "\\boxed{E}"),  # not an option
+        ("lenient_boxed", "\\boxed{Lima or Oslo}"),  # two options named: ambiguous
+        ("lenient_boxed", "Answer: B"),
+        ("lenient_answer_colon", "Answer: C"),
+        ("lenient_answer_colon", "\\boxed{B}"),
+        ("lenient_answer_colon", "Answer: I think it is Lima"),  # not exactly an option's text
+        ("lenient_answer_colon", ""),
+    ],
+)
 async def test_known_wrong_answers_get_none(mode, text):
     v = await ENV.score(row(mode), None, said(text))
     assert v.reward == 0.0 and v.components == {"correct": 0.0}
@@ -81,21 +92,24 @@ async def test_known_wrong_answers_get_none(mode, text):
 
 async def test_template_regex_comes_first_and_falls_back_to_the_mode():
     r = row(template_metadata={"output_regex": r"Final Choice:\s*([A-Za-z])"})
-    assert await reward(r, "final choice: C\n...\nFinal Choice: B") == 1.0    # last match, any case
+    assert await reward(r, "final choice: C\n...\nFinal Choice: B") == 1.0  # last match, any case
     assert await reward(r, "Final Choice: C") == 0.0
-    assert await reward(r, "no marker, but \\boxed{B}") == 1.0                 # falls back to the mode
+    assert await reward(r, "no marker, but \\boxed{B}") == 1.0  # falls back to the mode
     r = row(template_metadata={"output_regex": [r"ANSWER IS\s*(\w+)", r"Option:\s*([A-Z])"]})
-    assert await reward(r, "ANSWER IS lima") == 1.0                            # option text through the regex
+    assert await reward(r, "ANSWER IS lima") == 1.0  # option text through the regex
     assert await reward(r, "Option: B") == 1.0
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"template_metadata": {"output_regex": "Answer: ([A-Z"}}, "not a valid regex"),
-    ({"grading_mode": "telepathy"}, "unknown grading_mode"),
-    ({"expected_answer": "F"}, "not one of the options"),
-    ({"options": None}, "lacks `options`"),
-    ({"options": [{"A": "x", "B": "y"}]}, "malformed option"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"template_metadata": {"output_regex": "Answer: ([A-Z"}}, "not a valid regex"),
+        ({"grading_mode": "telepathy"}, "unknown grading_mode"),
+        ({"expected_answer": "F"}, "not one of the options"),
+        ({"options": None}, "lacks `options`"),
+        ({"options": [{"A": "x", "B": "y"}]}, "malformed option"),
+    ],
+)
 async def test_malformed_rows_raise_instead_of_scoring_zero(bad, message):
     with pytest.raises(ValueError, match=message):
         await ENV.score({**row(), **bad}, None, said("\\boxed{B}"))
@@ -106,8 +120,11 @@ def answer_in_format(r: dict, letter: str) -> str:
     if "template_metadata" in r:
         return ("Final Choice: " if "Final" in r["template_metadata"]["output_regex"] else "ANSWER IS ") + letter
     text = next(v for o in r["options"] for k, v in o.items() if k == letter)
-    return {"strict_single_letter_boxed": f"\\boxed{{{letter}}}", "lenient_boxed": f"\\boxed{{{text}}}",
-            "lenient_answer_colon": f"Answer: {letter}"}[r["grading_mode"]]
+    return {
+        "strict_single_letter_boxed": f"\\boxed{{{letter}}}",
+        "lenient_boxed": f"\\boxed{{{text}}}",
+        "lenient_answer_colon": f"Answer: {letter}",
+    }[r["grading_mode"]]
 
 
 async def test_generated_rows_grade_their_own_format():

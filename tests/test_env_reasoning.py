@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from envs.sdk import Transcript
 from envs.reasoning_gym import ReasoningGym, extract
+from envs.sdk import Transcript
 from farm.schema import Sampling
 
 from conftest import run_through_worker
@@ -40,7 +40,10 @@ def test_a_weighted_mix_of_tasks():
     counts = {t: sum(r["metadata"]["source_dataset"] == t for r in rows) for t in ("leg_counting", "basic_arithmetic")}
     assert sum(counts.values()) == 40 and counts["leg_counting"] > counts["basic_arithmetic"] > 0
     assert rows == env.generate(40, seed=3) and rows != env.generate(40, seed=4)
-    assert {r["metadata"]["source_dataset"] for r in ReasoningGym(tasks=["gcd", "chain_sum"]).generate(20)} == {"gcd", "chain_sum"}
+    assert {r["metadata"]["source_dataset"] for r in ReasoningGym(tasks=["gcd", "chain_sum"]).generate(20)} == {
+        "gcd",
+        "chain_sum",
+    }
 
 
 def test_extraction_prefers_the_answer_tag_then_the_last_box_then_the_text():
@@ -53,10 +56,13 @@ def test_extraction_prefers_the_answer_tag_then_the_last_box_then_the_text():
 async def test_known_correct_answers_get_full_reward(task):
     env = ReasoningGym(task=task)
     try:
-        rows = json.loads(json.dumps(env.generate(3, seed=7)))   # as they arrive off the wire
+        rows = json.loads(json.dumps(env.generate(3, seed=7)))  # as they arrive off the wire
         for r in rows:
-            for text in (f"Let me think.\n<answer>{r['answer']}</answer>", f"So the answer is \\boxed{{{r['answer']}}}",
-                         r["answer"]):
+            for text in (
+                f"Let me think.\n<answer>{r['answer']}</answer>",
+                f"So the answer is \\boxed{{{r['answer']}}}",
+                r["answer"],
+            ):
                 v = await env.score(r, None, said(text))
                 assert v.reward == 1.0 and v.components == {"score": 1.0} and v.metrics["task"] == task, text
     finally:
@@ -66,12 +72,16 @@ async def test_known_correct_answers_get_full_reward(task):
 async def test_known_wrong_answers_get_none(sudoku):
     r = sudoku.generate(1, seed=5)[0]
     grid = [line.split() for line in r["answer"].split("\n")]
-    grid[0][0], grid[0][1] = grid[0][1], grid[0][0]          # two cells swapped: breaks the rows' rule
+    grid[0][0], grid[0][1] = grid[0][1], grid[0][0]  # two cells swapped: breaks the rows' rule
     swapped = "\n".join(" ".join(line) for line in grid)
     partial = await sudoku.score(r, None, said(f"<answer>{swapped}</answer>"))
-    assert 0.0 < partial.reward < 1.0                          # the task's own partial credit, kept as is
-    for text in ("<answer>no idea</answer>", "I do not know.",
-                 f"<answer>wrong</answer> even if the text later says \\boxed{{{r['answer']}}}", ""):
+    assert 0.0 < partial.reward < 1.0  # the task's own partial credit, kept as is
+    for text in (
+        "<answer>no idea</answer>",
+        "I do not know.",
+        f"<answer>wrong</answer> even if the text later says \\boxed{{{r['answer']}}}",
+        "",
+    ):
         v = await sudoku.score(r, None, said(text))
         assert v.reward == 0.0, text
     arithmetic = ReasoningGym(task="basic_arithmetic")
@@ -95,8 +105,9 @@ async def test_rows_that_cannot_be_scored_raise(sudoku):
 @pytest.mark.vllm
 def test_worker_runs_reasoning_gym_against_real_vllm(settings, vllm, model_dir):
     rows = ReasoningGym(tasks=["leg_counting", "basic_arithmetic"]).generate(4, seed=2)
-    got = run_through_worker(settings, vllm, model_dir, "reasoning_gym", rows,
-                             sampling=Sampling(max_tokens=32, temperature=0.7))
+    got = run_through_worker(
+        settings, vllm, model_dir, "reasoning_gym", rows, sampling=Sampling(max_tokens=32, temperature=0.7)
+    )
     for r in got:
         assert r.status.value in ("ok", "truncated"), r.error
         assert 0.0 <= r.reward <= 1.0 and set(r.reward_components) == {"score"}

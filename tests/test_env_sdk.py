@@ -11,8 +11,20 @@ import msgspec
 import pytest
 
 from envs.data import check_row, row_types, run_prepare
-from envs.sdk import (AgentSettings, Environment, ErrorKind, Row, RowError, ToolArgumentError, Toolset, Transcript,
-                      Verdict, available_envs, load_env, parse_row)
+from envs.sdk import (
+    AgentSettings,
+    Environment,
+    ErrorKind,
+    Row,
+    RowError,
+    ToolArgumentError,
+    Toolset,
+    Transcript,
+    Verdict,
+    available_envs,
+    load_env,
+    parse_row,
+)
 from farm.client import FarmClient
 from farm.errors import ConfigError, RolloutFailure
 from farm.schema import Rollout, RolloutError, Status, Task
@@ -25,8 +37,15 @@ TOOLS = Toolset()
 
 
 @TOOLS.tool
-async def book(state: list, room: str, nights: int, breakfast: bool = False, guests: Optional[list[str]] = None,
-               kind: Literal["single", "double"] = "double", budget: float = 100.0) -> dict:
+async def book(
+    state: list,
+    room: str,
+    nights: int,
+    breakfast: bool = False,
+    guests: Optional[list[str]] = None,
+    kind: Literal["single", "double"] = "double",
+    budget: float = 100.0,
+) -> dict:
     """Book a hotel room.
 
     Longer notes that are not part of the description.
@@ -59,28 +78,34 @@ def test_a_tool_schema_comes_from_its_signature_and_docstring():
     assert props["guests"] == {"type": "array", "items": {"type": "string"}}
     assert props["kind"] == {"enum": ["double", "single"], "default": "double", "description": "The bed."}
     assert props["budget"] == {"type": "number", "default": 100.0}
-    assert TOOLS["count"].parameters == {"type": "object", "properties": {}, "required": [],
-                                         "additionalProperties": False}
+    assert TOOLS["count"].parameters == {
+        "type": "object",
+        "properties": {},
+        "required": [],
+        "additionalProperties": False,
+    }
     assert TOOLS.names() == ["book", "count"] and "book" in TOOLS and len(TOOLS) == 2
 
 
 async def test_arguments_are_checked_strictly_before_the_tool_runs():
     state: list = []
     assert await TOOLS["book"](state, {"room": "12", "nights": 2, "budget": 80}) == {"booked": "12"}
-    assert await TOOLS["count"](state, {}) == 1                 # a plain function works too
+    assert await TOOLS["count"](state, {}) == 1  # a plain function works too
     assert state == [("12", 2, False, None, "double", 80)]
-    bad = [({"room": "12", "nights": "2"}, "Expected `int`, got `str` - argument `nights`"),
-           ({"room": "12", "nights": True}, "Expected `int`, got `bool`"),
-           ({"room": "12", "nights": 1.5}, "Expected `int`, got `float`"),
-           ({"room": 12, "nights": 1}, "Expected `str`, got `int` - argument `room`"),
-           ({"room": "1", "nights": 1, "kind": "triple"}, "Invalid enum value 'triple'"),
-           ({"room": "1", "nights": 1, "pets": 2}, "unknown argument `pets`"),
-           ({"nights": 1}, "missing required argument `room`"),
-           (["room"], "arguments must be an object")]
+    bad = [
+        ({"room": "12", "nights": "2"}, "Expected `int`, got `str` - argument `nights`"),
+        ({"room": "12", "nights": True}, "Expected `int`, got `bool`"),
+        ({"room": "12", "nights": 1.5}, "Expected `int`, got `float`"),
+        ({"room": 12, "nights": 1}, "Expected `str`, got `int` - argument `room`"),
+        ({"room": "1", "nights": 1, "kind": "triple"}, "Invalid enum value 'triple'"),
+        ({"room": "1", "nights": 1, "pets": 2}, "unknown argument `pets`"),
+        ({"nights": 1}, "missing required argument `room`"),
+        (["room"], "arguments must be an object"),
+    ]
     for arguments, message in bad:
         with pytest.raises(ToolArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
             await TOOLS["book"](state, arguments)
-        assert issubclass(ToolArgumentError, TypeError)      # the agent loop's "bad arguments" path
+        assert issubclass(ToolArgumentError, TypeError)  # the agent loop's "bad arguments" path
     assert len(state) == 1, "a refused call never reaches the tool"
 
 
@@ -119,15 +144,23 @@ class TicketRow(Row):
 
 
 def test_rows_are_typed_strictly_and_keep_what_they_do_not_declare():
-    row = {"responses_create_params": {"input": "hi", "temperature": 0.5}, "ticket": 7, "extra": {"any": 1},
-           "agent_ref": {"name": "tickets"}}
+    row = {
+        "responses_create_params": {"input": "hi", "temperature": 0.5},
+        "ticket": 7,
+        "extra": {"any": 1},
+        "agent_ref": {"name": "tickets"},
+    }
     typed = parse_row(row, TicketRow)
     assert typed.ticket == 7 and typed.tags == [] and typed.responses_create_params.input == "hi"
     assert typed.agent_ref.name == "tickets" and typed.agent_ref.type == "responses_api_agents"
-    for bad, where in [({**row, "ticket": "7"}, "ticket"), ({**row, "ticket": None}, "ticket"),
-                       ({k: v for k, v in row.items() if k != "ticket"}, "ticket"),
-                       ({**row, "tags": "a"}, "tags"), ({"ticket": 1}, "responses_create_params"),
-                       ({**row, "responses_create_params": {"input": 3}}, "responses_create_params.input")]:
+    for bad, where in [
+        ({**row, "ticket": "7"}, "ticket"),
+        ({**row, "ticket": None}, "ticket"),
+        ({k: v for k, v in row.items() if k != "ticket"}, "ticket"),
+        ({**row, "tags": "a"}, "tags"),
+        ({"ticket": 1}, "responses_create_params"),
+        ({**row, "responses_create_params": {"input": 3}}, "responses_create_params.input"),
+    ]:
         with pytest.raises(RowError, match=f"row does not fit TicketRow: .*{where}"):
             parse_row(bad, TicketRow)
 
@@ -167,9 +200,11 @@ async def test_the_worker_sets_the_environment_up_first_and_closes_it_when_it_st
     worker = Worker(settings, "recording", agent, concurrency=1)
     run = asyncio.create_task(worker.run())
     client = FarmClient(settings)
-    rows = [{"responses_create_params": {"input": "Which ticket?"}, "ticket": 7},
-            {"responses_create_params": {"input": "Which ticket?"}, "ticket": "8"},   # not an int: malformed
-            {"responses_create_params": {"input": "Which ticket?"}, "ticket": 8}]
+    rows = [
+        {"responses_create_params": {"input": "Which ticket?"}, "ticket": 7},
+        {"responses_create_params": {"input": "Which ticket?"}, "ticket": "8"},  # not an int: malformed
+        {"responses_create_params": {"input": "Which ticket?"}, "ticket": 8},
+    ]
     tasks = [client.task(run_id="sdk", agent="recording", row=r) for r in rows]
     try:
         await client.submit(tasks)
@@ -190,8 +225,9 @@ async def test_the_worker_sets_the_environment_up_first_and_closes_it_when_it_st
 async def test_a_setup_that_fails_stops_the_worker_with_the_reason(settings, tokenizer):
     env = Recording(fail_setup=True)
     worker = Worker(settings, "recording", PolicyAgent(env, ScriptedPolicy(tokenizer, []), tokenizer), concurrency=1)
-    with pytest.raises(ConfigError, match="agent recording: its environment's setup failed: RuntimeError: "
-                                          "the pool would not start"):
+    with pytest.raises(
+        ConfigError, match="agent recording: its environment's setup failed: RuntimeError: the pool would not start"
+    ):
         await asyncio.wait_for(worker.run(), 30)
     assert env.calls == ["setup", "aclose"], "what setup started is closed again"
 
@@ -209,8 +245,16 @@ def test_failure_kinds_are_one_enum_on_the_wire():
     assert RolloutFailure(ErrorKind.tool, "x").kind is ErrorKind.tool
 
 
-ENVS = ["code_gen", "instruction_following", "math", "mcqa", "reasoning_gym", "session_state", "single_tool_call",
-        "workplace_assistant"]
+ENVS = [
+    "code_gen",
+    "instruction_following",
+    "math",
+    "mcqa",
+    "reasoning_gym",
+    "session_state",
+    "single_tool_call",
+    "workplace_assistant",
+]
 
 
 def test_all_eight_environments_are_on_the_sdk():
@@ -242,8 +286,9 @@ def test_data_prepare_checks_rows_against_their_environment(tmp_path):
     assert check_row(good, row_type_of=of) == []
     bad = {**good, "expected_count": "one"}
     assert check_row(bad, row_type_of=of) == [
-        "row does not fit CounterRow: Expected `int`, got `str` - at `expected_count`"]
-    assert check_row({**good, "agent_ref": {"name": "noop"}}, row_type_of=of) == []   # no environment, no Row
+        "row does not fit CounterRow: Expected `int`, got `str` - at `expected_count`"
+    ]
+    assert check_row({**good, "agent_ref": {"name": "noop"}}, row_type_of=of) == []  # no environment, no Row
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     from envs.data import DataError

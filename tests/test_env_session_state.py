@@ -11,9 +11,8 @@ import re
 
 import pytest
 
-from envs.sdk import Transcript, load_env
 from envs.data import check_row
-from envs.sdk import RowError
+from envs.sdk import RowError, Transcript, load_env
 from envs.session_state import TOOLS, Counter, SessionState, generate, increment_counter
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
@@ -22,19 +21,35 @@ from workers.loop import PolicyAgent
 
 from conftest import ScriptedPolicy, hermes, run_through_worker
 
-
 # A row as NeMo Gym's example_session_state_mgmt data has it (its tools name the argument `count`).
 REFERENCE_ROW = {
     "responses_create_params": {
         "input": [{"role": "user", "content": "add 1 then add 2 then get the count"}],
-        "tools": [{"name": "increment_counter", "parameters": {"type": "object", "properties": {
-                       "count": {"type": "integer", "description": ""}}, "required": ["count"],
-                       "additionalProperties": False}, "strict": True, "type": "function", "description": ""},
-                  {"name": "get_counter_value", "parameters": {"type": "object", "properties": {}, "required": [],
-                                                               "additionalProperties": False},
-                   "strict": True, "type": "function", "description": ""}]},
+        "tools": [
+            {
+                "name": "increment_counter",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"count": {"type": "integer", "description": ""}},
+                    "required": ["count"],
+                    "additionalProperties": False,
+                },
+                "strict": True,
+                "type": "function",
+                "description": "",
+            },
+            {
+                "name": "get_counter_value",
+                "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False},
+                "strict": True,
+                "type": "function",
+                "description": "",
+            },
+        ],
+    },
     "agent_ref": {"type": "responses_api_agents", "name": "session_state"},
-    "expected_count": 6, "initial_count": 3,
+    "expected_count": 6,
+    "initial_count": 3,
 }
 
 
@@ -57,9 +72,9 @@ async def test_tools_change_the_counter_as_documented():
     state = SessionState().new_state(row(initial_count=3, expected_count=0))
     add, get = TOOLS["increment_counter"], TOOLS["get_counter_value"]
     assert await get(state, {}) == {"count": 3}
-    assert await add(state, {}) == {"success": True}                    # default 1
-    await add(state, {"count": 4})                                      # NeMo Gym's name
-    await add(state, {"amount": 2})                                     # accepted alias
+    assert await add(state, {}) == {"success": True}  # default 1
+    await add(state, {"count": 4})  # NeMo Gym's name
+    await add(state, {"amount": 2})  # accepted alias
     await add(state, {"count": -5})
     assert await get(state, {}) == {"count": 5}
     assert (state.value, state.increments, state.reads) == (5, 4, 2)
@@ -72,9 +87,15 @@ async def test_tools_change_the_counter_as_documented():
 def test_tool_schemas_come_from_the_signatures_and_docstrings():
     add = TOOLS["increment_counter"].schema()["function"]
     assert add["description"] == "Add an integer to the counter (default 1)."
-    assert add["parameters"] == {"type": "object", "required": [], "additionalProperties": False, "properties": {
-        "count": {"type": "integer", "description": "How much to add."},
-        "amount": {"type": "integer", "description": "How much to add (another name for count)."}}}
+    assert add["parameters"] == {
+        "type": "object",
+        "required": [],
+        "additionalProperties": False,
+        "properties": {
+            "count": {"type": "integer", "description": "How much to add."},
+            "amount": {"type": "integer", "description": "How much to add (another name for count)."},
+        },
+    }
 
 
 def test_every_rollout_starts_from_a_fresh_counter():
@@ -136,14 +157,24 @@ def test_a_nemo_gym_row_scores_unchanged():
     assert verify(reference, state).reward == 1.0
 
 
-@pytest.mark.parametrize("script,reward", [
-    ([hermes("increment_counter", {"count": 1}), hermes("increment_counter", {"count": 2}),
-      hermes("get_counter_value"), "The count is 6."], 1.0),
-    ([hermes("increment_counter", {"count": 1}) + hermes("increment_counter", {"count": 2}), "It is 6."], 1.0),
-    ([hermes("increment_counter", {"count": 3}), hermes("increment_counter", {"count": "x"}), "6"], 1.0),
-    ([hermes("increment_counter", {"count": 1}), "The count is 6."], 0.0),
-    (["The count is 6."], 0.0),
-])
+@pytest.mark.parametrize(
+    "script,reward",
+    [
+        (
+            [
+                hermes("increment_counter", {"count": 1}),
+                hermes("increment_counter", {"count": 2}),
+                hermes("get_counter_value"),
+                "The count is 6.",
+            ],
+            1.0,
+        ),
+        ([hermes("increment_counter", {"count": 1}) + hermes("increment_counter", {"count": 2}), "It is 6."], 1.0),
+        ([hermes("increment_counter", {"count": 3}), hermes("increment_counter", {"count": "x"}), "6"], 1.0),
+        ([hermes("increment_counter", {"count": 1}), "The count is 6."], 0.0),
+        (["The count is 6."], 0.0),
+    ],
+)
 async def test_the_agent_loop_with_a_scripted_policy(tokenizer, script, reward):
     agent = PolicyAgent(SessionState(), ScriptedPolicy(tokenizer, script), tokenizer)
     task = Task.new(run_id="s", agent="session_state", row=REFERENCE_ROW, reply_to="x")
@@ -172,8 +203,14 @@ async def test_a_missing_expected_count_fails_the_rollout_as_malformed_before_an
 @pytest.mark.vllm
 def test_worker_runs_session_state_against_real_vllm(settings, vllm, model_dir):
     """A few real rollouts through Redis, a `farm worker` process and the shared vLLM."""
-    got = run_through_worker(settings, vllm, model_dir, "session_state", generate(4, seed=1),
-                             sampling=lambda i: Sampling(max_tokens=32, seed=i))
+    got = run_through_worker(
+        settings,
+        vllm,
+        model_dir,
+        "session_state",
+        generate(4, seed=1),
+        sampling=lambda i: Sampling(max_tokens=32, seed=i),
+    )
     assert len(got) == 4
     for r in got:
         assert r.status.value in ("ok", "truncated"), r.error

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from envs.sdk import RowError, Transcript, load_env
 from envs.data import check_row
+from envs.sdk import RowError, Transcript, load_env
 from envs.single_tool_call import SingleToolCall, generate, get_weather
 from farm.schema import Sampling
 
@@ -19,17 +19,30 @@ from conftest import as_row, run_through_worker
 REFERENCE_ROW = {
     "responses_create_params": {
         "input": [{"role": "user", "content": "what's it like in sf?"}],
-        "tools": [{"type": "function", "name": "get_weather", "description": "",
-                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                  "required": ["city"], "additionalProperties": False}, "strict": True}]},
+        "tools": [
+            {
+                "type": "function",
+                "name": "get_weather",
+                "description": "",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+                "strict": True,
+            }
+        ],
+    },
     "agent_ref": {"type": "responses_api_agents", "name": "single_tool_call"},
 }
 
 
 def verify(row, looked_up):
     env = SingleToolCall()
-    return asyncio.run(env.verify(as_row(env, row), list(looked_up), Transcript(final_text="", output=[],
-                                                                               tool_calls=[])))
+    return asyncio.run(
+        env.verify(as_row(env, row), list(looked_up), Transcript(final_text="", output=[], tool_calls=[]))
+    )
 
 
 async def test_the_tool_answers_deterministically_and_records_the_city():
@@ -40,16 +53,19 @@ async def test_the_tool_answers_deterministically_and_records_the_city():
     assert state == ["Paris", " paris "]
 
 
-@pytest.mark.parametrize("city,looked_up", [("Paris", ["Paris"]), ("Tokyo", ["tokyo"]), ("Lima", ["Oslo", " LIMA "]),
-                                            ("Sydney", ["Sydney", "Sydney"])])
+@pytest.mark.parametrize(
+    "city,looked_up",
+    [("Paris", ["Paris"]), ("Tokyo", ["tokyo"]), ("Lima", ["Oslo", " LIMA "]), ("Sydney", ["Sydney", "Sydney"])],
+)
 def test_full_reward_for_looking_up_the_asked_city(city, looked_up):
     v = verify({"expected_city": city}, looked_up)
     assert v.reward == 1.0 and v.components == {"called_tool": 1.0, "right_city": 1.0}
     assert v.metrics["lookups"] == len(looked_up)
 
 
-@pytest.mark.parametrize("city,looked_up", [("Paris", []), ("Paris", ["Berlin"]), ("Lima", ["Limassol"]),
-                                            ("Oslo", ["Osl"])])
+@pytest.mark.parametrize(
+    "city,looked_up", [("Paris", []), ("Paris", ["Berlin"]), ("Lima", ["Limassol"]), ("Oslo", ["Osl"])]
+)
 def test_no_reward_for_another_city_or_no_lookup(city, looked_up):
     v = verify({"expected_city": city}, looked_up)
     assert v.reward == 0.0 and v.components["right_city"] == 0.0
@@ -79,8 +95,9 @@ def test_generation_is_deterministic():
 @pytest.mark.vllm
 def test_worker_runs_generated_and_nemo_gym_rows_against_real_vllm(settings, vllm, model_dir):
     rows = generate(3, seed=11) + [REFERENCE_ROW]
-    got = run_through_worker(settings, vllm, model_dir, "single_tool_call", rows,
-                             sampling=lambda i: Sampling(max_tokens=32, seed=i))
+    got = run_through_worker(
+        settings, vllm, model_dir, "single_tool_call", rows, sampling=lambda i: Sampling(max_tokens=32, seed=i)
+    )
     for r in got:
         assert r.status.value in ("ok", "truncated"), r.error
         assert r.reward in (0.0, 1.0)

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from envs.sdk import AgentSettings, Environment, Transcript, Verdict
 from envs.cpu import CpuPool
+from envs.sdk import AgentSettings, Environment, Transcript, Verdict
 from farm.client import FarmClient
 from workers.loop import PolicyAgent
 from workers.policy import Completion
@@ -52,7 +52,7 @@ class Spinner(Environment):
     async def verify(self, row: dict, state, transcript: Transcript) -> Verdict:
         seconds = row.get("spin_s", 0.0)
         if seconds and self.inline:
-            spin(seconds)   # the mistake: CPU work on the event loop
+            spin(seconds)  # the mistake: CPU work on the event loop
         elif seconds:
             await self.pool.run(spin, seconds, timeout_s=30)
         return Verdict(reward=1.0, metrics={"spin_s": seconds})
@@ -107,7 +107,7 @@ async def produce(settings, n_fast: int):
 
 async def measure(settings, inline: bool):
     pool = CpuPool(workers=1)
-    await pool.run(spin, 0.0, timeout_s=30)   # start the pool's process before any timing
+    await pool.run(spin, 0.0, timeout_s=30)  # start the pool's process before any timing
     agent = PolicyAgent(Spinner(pool, inline), InstantPolicy(), StubTokenizer())
     worker = Worker(settings, "spinner", agent, concurrency=8)
     running = asyncio.create_task(worker.run())

@@ -25,8 +25,17 @@ from farm.keys import GROUP
 from farm.schema import Status
 from farm.streams import AgentStream
 
-from conftest import (ROOT, async_wait_for, consumer_with_tasks, make_settings, run_script, spawn_worker, stop,
-                      wait_for, worker_env)
+from conftest import (
+    ROOT,
+    async_wait_for,
+    consumer_with_tasks,
+    make_settings,
+    run_script,
+    spawn_worker,
+    stop,
+    wait_for,
+    worker_env,
+)
 from conftest import in_process_worker as running
 
 # A msgpack body nested 100,000 arrays deep: deeper than any decoder's recursion limit.
@@ -50,14 +59,15 @@ def rows(n, **noop):
 
 # -- poison ---------------------------------------------------------------------------------
 
+
 async def test_nested_msgpack_task_is_dead_lettered_once_and_the_worker_goes_on(settings, sync_redis):
     client = FarmClient(settings)
     tasks = [client.task(run_id="p", agent="noop", row=r) for r in rows(20)]
     poison = client.task(run_id="p", agent="noop", row={})
     stream = settings.keys.tasks("noop")
     await client.submit(tasks[:10])
-    sync_redis.xadd(stream, {"v": b"1", "d": NESTED})                        # garbage that names nothing
-    sync_redis.xadd(stream, {"v": b"1", "d": nested_task_body(poison)})      # names its task and reply_to
+    sync_redis.xadd(stream, {"v": b"1", "d": NESTED})  # garbage that names nothing
+    sync_redis.xadd(stream, {"v": b"1", "d": nested_task_body(poison)})  # names its task and reply_to
     await client.submit(tasks[10:])
     async with running(settings) as w:
         got = await client.collect(tasks, timeout_s=20)
@@ -81,21 +91,22 @@ async def test_unreadable_results_are_dead_lettered_and_the_client_goes_on(setti
     tasks = [client.task(run_id="r", agent="noop", row={}) for _ in range(3)]
     stream = settings.keys.results("r")
     import msgspec
+
     deep = msgspec.to_builtins(schema.Rollout.for_task(tasks[0], status=Status.ok, metrics={"x": "@@"}))
     deep = msgspec.msgpack.encode(deep).replace(msgspec.msgpack.encode("@@"), b"\x91" * 3000 + b"\xc0")
-    sync_redis.xadd(stream, {"v": b"1", "d": deep})   # 3,000 deep: past the decoder's recursion limit
+    sync_redis.xadd(stream, {"v": b"1", "d": deep})  # 3,000 deep: past the decoder's recursion limit
     broken = schema.Rollout.for_task(tasks[1], status=Status.ok, reward=1.0)
     plain = msgspec.to_builtins(broken)
-    plain["status"] = "bogus"                                   # names its task, but does not validate
+    plain["status"] = "bogus"  # names its task, but does not validate
     sync_redis.xadd(stream, {"v": b"1", "d": msgspec.msgpack.encode(plain)})
-    sync_redis.xadd(stream, {"v": b"99", "d": b"\x80"})          # another schema version
-    sync_redis.xadd(stream, {"v": b"1", "d": b"x" * 8192})       # over max_entry_bytes below
+    sync_redis.xadd(stream, {"v": b"99", "d": b"\x80"})  # another schema version
+    sync_redis.xadd(stream, {"v": b"1", "d": b"x" * 8192})  # over max_entry_bytes below
     for t in (tasks[0], tasks[2]):
         sync_redis.xadd(stream, schema.entry(schema.Rollout.for_task(t, status=Status.ok, reward=1.0)))
     small = FarmClient(settings.replace(max_entry_bytes=4096))
     t0 = time.monotonic()
     got = await small.collect(tasks, timeout_s=10)
-    assert time.monotonic() - t0 < 5   # the broken one did not wait out the deadline
+    assert time.monotonic() - t0 < 5  # the broken one did not wait out the deadline
     assert got[tasks[0].task_id].ok and got[tasks[2].task_id].ok
     assert got[tasks[1].task_id].error.kind == "malformed"
     letters = sync_redis.xrange(settings.keys.dead_results())
@@ -114,17 +125,25 @@ def test_collect_goes_on_past_a_poison_result(tmp_path, settings, sync_redis):
     from producer.collect import CollectOptions, run_collect
 
     inp = tmp_path / "rows.jsonl"
-    inp.write_text("".join(json.dumps({"agent_ref": {"name": "noop"}, "noop": {},
-                                       "responses_create_params": {"input": f"q{i}"}}) + "\n" for i in range(30)))
+    inp.write_text(
+        "".join(
+            json.dumps({"agent_ref": {"name": "noop"}, "noop": {}, "responses_create_params": {"input": f"q{i}"}})
+            + "\n"
+            for i in range(30)
+        )
+    )
     task = schema.Task.new(run_id="poisoned", agent="noop", row={}, reply_to=settings.keys.results("poisoned"))
     import msgspec
+
     deep = msgspec.to_builtins(schema.Rollout.for_task(task, status=Status.ok, metrics={"x": "@@"}))
     deep = msgspec.msgpack.encode(deep).replace(msgspec.msgpack.encode("@@"), NESTED)
     sync_redis.xadd(settings.keys.results("poisoned"), {"v": b"1", "d": deep})
     proc = spawn_worker(settings, "--agent", "noop", "--concurrency", "8")
     try:
-        summary = run_collect(settings, CollectOptions(input=inp, output=tmp_path / "out.jsonl", run_id="poisoned",
-                                                       progress=False, concurrency=8))
+        summary = run_collect(
+            settings,
+            CollectOptions(input=inp, output=tmp_path / "out.jsonl", run_id="poisoned", progress=False, concurrency=8),
+        )
     finally:
         stop(proc)
     assert summary["exit_code"] == 0 and summary["written_now"] == 30
@@ -132,6 +151,7 @@ def test_collect_goes_on_past_a_poison_result(tmp_path, settings, sync_redis):
 
 
 # -- reply_to ---------------------------------------------------------------------------------
+
 
 async def test_reply_to_of_the_wrong_type_never_loses_the_task(settings, sync_redis):
     client = FarmClient(settings)
@@ -142,7 +162,7 @@ async def test_reply_to_of_the_wrong_type_never_loses_the_task(settings, sync_re
         await async_wait_for(lambda: sync_redis.xlen(settings.keys.dead("noop")) == 1, what="dead letter")
     [(_, letter)] = sync_redis.xrange(settings.keys.dead("noop"))
     assert letter[b"kind"] == b"bad_reply_to" and b"not a stream" in letter[b"reason"]
-    assert schema.decode_task(letter).task_id == task.task_id            # the task itself is kept
+    assert schema.decode_task(letter).task_id == task.task_id  # the task itself is kept
     assert sync_redis.get(task.reply_to) == b"not a stream"
     assert sync_redis.xpending(settings.keys.tasks("noop"), GROUP)["pending"] == 0
     await client.aclose()
@@ -194,7 +214,7 @@ def test_a_failed_write_leaves_the_task_pending(tmp_path):
     from farm.scripts import SHAS, SOURCES
     from farm.transport import Outage
 
-    server = EmbeddedRedis(tmp_path / "redis").start()   # its own: maxmemory would stop every other test
+    server = EmbeddedRedis(tmp_path / "redis").start()  # its own: maxmemory would stop every other test
     settings = make_settings(server.url, "oom")
     r = connect_sync(settings)
     stream = settings.keys.tasks("noop")
@@ -205,8 +225,7 @@ def test_a_failed_write_leaves_the_task_pending(tmp_path):
     for src in SOURCES.values():
         r.script_load(src)
     fake = AgentStream(None, settings.keys, "noop", "c1", Outage.for_settings(settings))
-    name, keys, args = fake.reply_op(entry_id.decode(), schema.Rollout.for_task(task, status=Status.ok),
-                                     task.reply_to)
+    name, keys, args = fake.reply_op(entry_id.decode(), schema.Rollout.for_task(task, status=Status.ok), task.reply_to)
     before = r.config_get("maxmemory")["maxmemory"]
     r.config_set("maxmemory", 1)
     try:
@@ -222,21 +241,26 @@ def test_a_failed_write_leaves_the_task_pending(tmp_path):
 
 # -- Redis gone, Redis refusing ---------------------------------------------------------------
 
+
 def test_busy_worker_exits_within_the_outage_bound_and_warns_at_most_once_a_second(tmp_path):
     server = EmbeddedRedis(tmp_path / "redis").start()
     settings = make_settings(server.url, "gone")
     down_max = 4.0
-    proc = spawn_worker(settings, "--agent", "noop", "--concurrency", "16", FARM_REDIS_DOWN_MAX_S=str(down_max),
-                        FARM_LOG_FORMAT="json")
+    proc = spawn_worker(
+        settings, "--agent", "noop", "--concurrency", "16", FARM_REDIS_DOWN_MAX_S=str(down_max), FARM_LOG_FORMAT="json"
+    )
     try:
+
         async def submit():
             client = FarmClient(settings)
-            await client.submit([client.task(run_id="g", agent="noop", row={"noop": {"sleep_s": 30}})
-                                 for _ in range(40)])
+            await client.submit(
+                [client.task(run_id="g", agent="noop", row={"noop": {"sleep_s": 30}}) for _ in range(40)]
+            )
             await client.aclose()
 
         asyncio.run(submit())
         import redis
+
         probe = redis.Redis.from_url(server.url)
         wait_for(lambda: probe.xinfo_groups(settings.keys.tasks("noop"))[0]["pending"] == 16, what="worker busy")
         probe.close()
@@ -273,8 +297,9 @@ def test_wrong_password_fails_fast_with_one_clear_line(tmp_path):
         env = worker_env(make_settings(wrong, "auth"))
         for args in (["status"], ["worker", "--agent", "noop"]):
             t0 = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "farm", *args], env=env, cwd=ROOT, capture_output=True,
-                                  text=True, timeout=60)
+            proc = subprocess.run(
+                [sys.executable, "-m", "farm", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+            )
             took = time.monotonic() - t0
             out = proc.stdout + proc.stderr
             assert took < 5, f"farm {args[0]} took {took:.1f}s"
@@ -306,20 +331,26 @@ def test_redact_hides_passwords_only():
 
 # -- the pool supervisor ----------------------------------------------------------------------
 
+
 def _pool(tmp_path: Path, child: str, *, processes=1, max_restarts=3, window_s=1.0) -> subprocess.Popen:
     starts = tmp_path / "starts"
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time
         with open({str(starts)!r}, "a") as f:
             f.write("x")
         {child}
-    """))
-    code = (f"import sys, logging; logging.basicConfig(level=logging.INFO); from workers.pool import run_pool; "
-            f"sys.exit(run_pool([sys.executable, {str(script)!r}], {processes}, max_restarts={max_restarts}, "
-            f"window_s={window_s}, base_s=0.05))")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    """)
+    )
+    code = (
+        f"import sys, logging; logging.basicConfig(level=logging.INFO); from workers.pool import run_pool; "
+        f"sys.exit(run_pool([sys.executable, {str(script)!r}], {processes}, max_restarts={max_restarts}, "
+        f"window_s={window_s}, base_s=0.05))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _starts(tmp_path: Path) -> int:
@@ -358,15 +389,38 @@ def test_worker_pool_children_get_arguments_they_accept(settings, tmp_path, sync
     cfg = tmp_path / "c.yaml"
     cfg.write_text("concurrency: 4\n")
     env = {k: v for k, v in worker_env(settings).items() if k not in ("FARM_REDIS_URL", "FARM_NAMESPACE")}
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "--config", str(cfg), "--redis-url", settings.redis_url,
-                             "--namespace", settings.namespace, "worker", "--agent", "noop", "--processes", "2"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "--config",
+            str(cfg),
+            "--redis-url",
+            settings.redis_url,
+            "--namespace",
+            settings.namespace,
+            "worker",
+            "--agent",
+            "noop",
+            "--processes",
+            "2",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        wait_for(lambda: len(list(sync_redis.scan_iter(match=settings.keys.worker_pattern()))) == 2,
-                 timeout=30, what="two live workers in the namespace given on the command line")
+        wait_for(
+            lambda: len(list(sync_redis.scan_iter(match=settings.keys.worker_pattern()))) == 2,
+            timeout=30,
+            what="two live workers in the namespace given on the command line",
+        )
         children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == proc.pid]
         assert len(children) == 2
-        for pid in children:   # the global options reach them, but not on their command lines
+        for pid in children:  # the global options reach them, but not on their command lines
             assert b"redis://" not in open(f"/proc/{pid}/cmdline", "rb").read()
     finally:
         out = stop(proc, timeout=30)
@@ -378,4 +432,3 @@ def _parent(pid: str) -> int:
         return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
-

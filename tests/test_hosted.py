@@ -16,27 +16,36 @@ import sys
 
 import pytest
 
-from conftest import ROOT, stop, worker_env
 from farm.client import FarmClient
 from farm.errors import ConfigError, RolloutFailure
 from farm.schema import Rollout, Sampling, Status, Task
 from farm.settings import load_settings
 from workers.agent import AgentContext, policy_agent
 
+from conftest import ROOT, stop, worker_env
+
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from bench.policy_stub import Script, StubProcess, free_port  # noqa: E402
 
 KEY = "sk-test-5ecr3t-do-not-log-0123456789"
-WEATHER = [{"content": None, "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
-           {"content": "It is sunny in Paris."}]
+WEATHER = [
+    {"content": None, "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
+    {"content": "It is sunny in Paris."},
+]
 
 
 def row(city: str = "Paris", content: str | None = None) -> dict:
-    return {"responses_create_params": {"input": [
+    return {
+        "responses_create_params": {
+            "input": [
                 {"role": "system", "content": "Use the get_weather tool before answering."},
-                {"role": "user", "content": content or f"What is the weather in {city}?"}]},
-            "agent_ref": {"type": "responses_api_agents", "name": "single_tool_call"}, "expected_city": city}
+                {"role": "user", "content": content or f"What is the weather in {city}?"},
+            ]
+        },
+        "agent_ref": {"type": "responses_api_agents", "name": "single_tool_call"},
+        "expected_city": city,
+    }
 
 
 def task(r: dict, sampling: Sampling | None = None) -> Task:
@@ -91,8 +100,9 @@ async def test_base_url_with_or_without_v1(stub, settings, suffix):
 async def test_hermes_tags_in_text_are_tool_calls(tmp_path, settings):
     """A model served without a tool parser writes its calls in the text; bad ones go back as errors."""
     call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-    script = Script(chat_replies=[{"content": "<tool_call>{not json</tool_call>"}, {"content": call},
-                                  {"content": "Sunny."}])
+    script = Script(
+        chat_replies=[{"content": "<tool_call>{not json</tool_call>"}, {"content": call}, {"content": "Sunny."}]
+    )
     with StubProcess(script, latency_s=0.01, workdir=tmp_path) as server:
         got = await run_one(hosted(settings, server.url), row())
     assert got.status is Status.ok and got.reward == 1.0
@@ -102,8 +112,10 @@ async def test_hermes_tags_in_text_are_tool_calls(tmp_path, settings):
 
 
 async def test_rollouts_spread_over_replicas_and_share_one_client_each(tmp_path, settings):
-    with StubProcess(Script(chat_replies=WEATHER), latency_s=0.1, workdir=tmp_path) as a, \
-            StubProcess(Script(chat_replies=WEATHER), latency_s=0.1, workdir=tmp_path) as b:
+    with (
+        StubProcess(Script(chat_replies=WEATHER), latency_s=0.1, workdir=tmp_path) as a,
+        StubProcess(Script(chat_replies=WEATHER), latency_s=0.1, workdir=tmp_path) as b,
+    ):
         s = settings.replace(policy_urls=[a.url, b.url + "/v1"], policy_kind="chat", policy_model="stub")
         agent = policy_agent("single_tool_call", s)
         try:
@@ -166,8 +178,11 @@ def test_error_mapping_overflow_and_key_scrubbing(settings):
     request = httpx2.Request("POST", "http://policy:8000/v1/chat/completions")
 
     def status_error(cls, status, message, code=None):
-        return cls(f"Error code: {status}", response=httpx2.Response(status, request=request),
-                   body={"message": message, "code": code})
+        return cls(
+            f"Error code: {status}",
+            response=httpx2.Response(status, request=request),
+            body={"message": message, "code": code},
+        )
 
     overflow = status_error(openai.BadRequestError, 400, "This model's maximum context length is 1024 tokens.")
     assert isinstance(replicas.failure(overflow, 0), ContextOverflow)
@@ -183,9 +198,14 @@ def test_error_mapping_overflow_and_key_scrubbing(settings):
 def spawn_logged(settings, log_path, **env: str) -> subprocess.Popen:
     """`farm worker` with its output in a file (DEBUG output could fill a pipe nobody reads yet)."""
     out = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "worker", "--agent", "single_tool_call",
-                             "--concurrency", "4"], env=worker_env(settings, **env), cwd=ROOT,
-                            stdout=out, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "farm", "worker", "--agent", "single_tool_call", "--concurrency", "4"],
+        env=worker_env(settings, **env),
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out.close()
     return proc
 
@@ -193,8 +213,10 @@ def spawn_logged(settings, log_path, **env: str) -> subprocess.Popen:
 async def collect(settings, rows: list[dict], timeout_s: float = 60.0) -> list[Rollout]:
     client = FarmClient(settings)
     try:
-        tasks = [client.task(run_id="hosted", agent="single_tool_call", row=r, group_id="g", sample_index=i)
-                 for i, r in enumerate(rows)]
+        tasks = [
+            client.task(run_id="hosted", agent="single_tool_call", row=r, group_id="g", sample_index=i)
+            for i, r in enumerate(rows)
+        ]
         got = await client.run_batch(tasks, timeout_s=timeout_s)
         return [got[t.task_id] for t in tasks]
     finally:
@@ -203,8 +225,15 @@ async def collect(settings, rows: list[dict], timeout_s: float = 60.0) -> list[R
 
 async def test_worker_process_chat_kind_and_the_key_stays_secret(stub, settings, tmp_path):
     log_path = tmp_path / "worker.log"
-    proc = spawn_logged(settings, log_path, FARM_POLICY_URLS=stub.url + "/v1", FARM_POLICY_KIND="chat",
-                        FARM_POLICY_MODEL="stub", FARM_POLICY_API_KEY=KEY, FARM_LOG_LEVEL="DEBUG")
+    proc = spawn_logged(
+        settings,
+        log_path,
+        FARM_POLICY_URLS=stub.url + "/v1",
+        FARM_POLICY_KIND="chat",
+        FARM_POLICY_MODEL="stub",
+        FARM_POLICY_API_KEY=KEY,
+        FARM_LOG_LEVEL="DEBUG",
+    )
     try:
         good = await collect(settings, [row() for _ in range(4)])
         stub.control(fault=401)
@@ -224,8 +253,15 @@ async def test_worker_process_chat_kind_and_the_key_stays_secret(stub, settings,
 
 async def test_worker_records_policy_failures_after_retries(stub, settings, tmp_path, sync_redis):
     log_path = tmp_path / "worker.log"
-    proc = spawn_logged(settings, log_path, FARM_POLICY_URLS=stub.url, FARM_POLICY_KIND="responses",
-                        FARM_POLICY_MODEL="stub", FARM_POLICY_MAX_RETRIES="1", FARM_MAX_ATTEMPTS="2")
+    proc = spawn_logged(
+        settings,
+        log_path,
+        FARM_POLICY_URLS=stub.url,
+        FARM_POLICY_KIND="responses",
+        FARM_POLICY_MODEL="stub",
+        FARM_POLICY_MAX_RETRIES="1",
+        FARM_MAX_ATTEMPTS="2",
+    )
     try:
         stub.control(fault=503)
         [unavailable] = await collect(settings, [row()])
@@ -251,8 +287,9 @@ def test_the_trainer_refuses_rollouts_without_token_ids(stub, settings, tmp_path
         def __call__(self, text, add_special_tokens=False):
             return {"input_ids": [1, 2, 3]}
 
-    proc = spawn_logged(settings, tmp_path / "worker.log", FARM_POLICY_URLS=stub.url, FARM_POLICY_KIND="chat",
-                        FARM_POLICY_MODEL="stub")
+    proc = spawn_logged(
+        settings, tmp_path / "worker.log", FARM_POLICY_URLS=stub.url, FARM_POLICY_KIND="chat", FARM_POLICY_MODEL="stub"
+    )
     rollout = FarmRollout(settings, tokenizer=Tok(), num_generations=2, timeout_s=60)
     try:
         with pytest.raises(ConfigError) as info:
@@ -275,8 +312,12 @@ def test_settings_mask_the_key_and_take_it_from_the_environment():
     assert KEY not in rich.pretty.pretty_repr(s)
     assert load_settings(env={"OPENAI_API_KEY": KEY, "FARM_POLICY_KIND": "responses"}).policy_api_key == KEY
     assert load_settings(env={"OPENAI_API_KEY": KEY}).policy_api_key is None  # tokens kind: not for vLLM
-    assert load_settings(env={"OPENAI_API_KEY": "other", "FARM_POLICY_API_KEY": KEY,
-                              "FARM_POLICY_KIND": "chat"}).policy_api_key == KEY
+    assert (
+        load_settings(
+            env={"OPENAI_API_KEY": "other", "FARM_POLICY_API_KEY": KEY, "FARM_POLICY_KIND": "chat"}
+        ).policy_api_key
+        == KEY
+    )
 
 
 def test_no_command_line_option_takes_the_key():
@@ -299,15 +340,20 @@ def test_no_command_line_option_takes_the_key():
 @pytest.mark.parametrize("urls", ["http://gym:8000/v1", ["http://a:8000/v1/", "http://b:8000"]])
 def test_nemo_gym_env_yaml_keys_load(tmp_path, urls):
     cfg = tmp_path / "env.yaml"
-    cfg.write_text(json.dumps({"policy_base_url": urls, "policy_api_key": KEY, "policy_model_name": "gym-model",
-                               "policy_kind": "chat"}))
+    cfg.write_text(
+        json.dumps(
+            {"policy_base_url": urls, "policy_api_key": KEY, "policy_model_name": "gym-model", "policy_kind": "chat"}
+        )
+    )
     s = load_settings(cfg, env={})
     expected = ["http://gym:8000"] if isinstance(urls, str) else ["http://a:8000", "http://b:8000"]
     assert (s.policy_urls, s.policy_api_key, s.policy_model) == (expected, KEY, "gym-model")
 
 
-@pytest.mark.parametrize("both", [{"policy_base_url": "http://a", "policy_urls": ["http://b"]},
-                                  {"policy_model_name": "a", "policy_model": "b"}])
+@pytest.mark.parametrize(
+    "both",
+    [{"policy_base_url": "http://a", "policy_urls": ["http://b"]}, {"policy_model_name": "a", "policy_model": "b"}],
+)
 def test_an_alias_and_its_native_key_together_are_refused(tmp_path, both):
     cfg = tmp_path / "env.yaml"
     cfg.write_text(json.dumps(both))

@@ -40,8 +40,18 @@ class Adder(Environment):
     agent = AgentSettings(loop="multi_turn", max_steps=6)
 
     def tools(self):
-        return [Tool("add", "Add two integers.", {"type": "object", "properties": {
-            "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}, add)]
+        return [
+            Tool(
+                "add",
+                "Add two integers.",
+                {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+                add,
+            )
+        ]
 
     def new_state(self, row):
         return []
@@ -76,8 +86,12 @@ class Recorder:
                 self.failed += 1
                 return web.Response(status=self.status, text="injected failure")
             self.bodies.append(json.loads(body))
-        async with self.http.request(request.method, self.target + request.path_qs, data=body or None,
-                                     headers={"Content-Type": "application/json"}) as resp:
+        async with self.http.request(
+            request.method,
+            self.target + request.path_qs,
+            data=body or None,
+            headers={"Content-Type": "application/json"},
+        ) as resp:
             return web.Response(status=resp.status, body=await resp.read(), content_type="application/json")
 
     async def stop(self) -> None:
@@ -86,13 +100,20 @@ class Recorder:
 
 
 def row(text="What is 40 + 2? Use the add tool.", followups=()):
-    return {"responses_create_params": {"input": [{"role": "user", "content": text}]},
-            "follow_up_messages": list(followups)}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": text}]},
+        "follow_up_messages": list(followups),
+    }
 
 
 def task(r, **sampling):
-    return Task.new(run_id="p", agent="adder", row=r, reply_to="farm:results:p",
-                    sampling=Sampling(**{"temperature": 1.0, "top_p": 1.0, "max_tokens": 16, **sampling}))
+    return Task.new(
+        run_id="p",
+        agent="adder",
+        row=r,
+        reply_to="farm:results:p",
+        sampling=Sampling(**{"temperature": 1.0, "top_p": 1.0, "max_tokens": 16, **sampling}),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -126,15 +147,18 @@ async def test_single_turn_ids_and_logprobs_match(vllm, tokenizer):
 
 async def test_three_turns_extend_the_previous_prompt_exactly(vllm, tokenizer):
     rec = Recorder()
-    agent = await make_agent(vllm, tokenizer, recorder=rec,
-                       settings=AgentSettings(loop="multi_turn", max_steps=3))
+    agent = await make_agent(vllm, tokenizer, recorder=rec, settings=AgentSettings(loop="multi_turn", max_steps=3))
     # A turn that runs out of tokens before EOS ends the rollout (truncated); SmolLM2 ends about
     # half of these conversations after three short turns, so take the first that does.
     rollouts = []
     for _ in range(8):
-        r = await agent.run(task(row("Reply with one word: hello.",
-                                     followups=["One word again, please.", "And one last word."]),
-                                 max_tokens=32), CTX)
+        r = await agent.run(
+            task(
+                row("Reply with one word: hello.", followups=["One word again, please.", "And one last word."]),
+                max_tokens=32,
+            ),
+            CTX,
+        )
         rollouts.append((r, list(rec.bodies)))
         rec.bodies.clear()
         if r.metrics["turns"] == 3:
@@ -148,13 +172,13 @@ async def test_three_turns_extend_the_previous_prompt_exactly(vllm, tokenizer):
     for k in range(1, len(bodies)):
         start, end = r.trace.turns[k - 1]
         previous = bodies[k - 1]["prompt"] + comp[start:end]
-        assert bodies[k]["prompt"][:len(previous)] == previous  # exact prefix, ids not re-tokenized
-        assert len(bodies[k]["prompt"]) > len(previous)          # plus the environment's tokens
+        assert bodies[k]["prompt"][: len(previous)] == previous  # exact prefix, ids not re-tokenized
+        assert len(bodies[k]["prompt"]) > len(previous)  # plus the environment's tokens
     # sampled spans are mask 1, the environment's tokens between them mask 0
     for k, (start, end) in enumerate(r.trace.turns):
         assert set(mask[start:end]) == {1}
         if k + 1 < len(r.trace.turns):
-            gap = mask[end:r.trace.turns[k + 1][0]]
+            gap = mask[end : r.trace.turns[k + 1][0]]
             assert gap and set(gap) == {0}
     assert tokenizer.decode(comp).count("<|im_start|>user") == len(r.trace.turns) - 1
     users = [o for o in r.output if o["type"] == "message" and o["role"] == "user"]
@@ -192,8 +216,9 @@ async def test_context_overflow_is_truncated_not_a_crash(vllm, tokenizer):
 
 async def test_http_500_then_recovery_is_retried(vllm, tokenizer):
     rec = Recorder(fail_first=2)
-    agent = await make_agent(vllm, tokenizer, recorder=rec, settings=AgentSettings(loop="single_turn"),
-                       backoff_s=0.05, unhealthy_after=5)
+    agent = await make_agent(
+        vllm, tokenizer, recorder=rec, settings=AgentSettings(loop="single_turn"), backoff_s=0.05, unhealthy_after=5
+    )
     r = await agent.run(task(row()), CTX)
     await agent.aclose()
     await rec.stop()
@@ -215,8 +240,9 @@ async def test_a_server_that_stays_down_fails_with_the_reason(vllm, tokenizer):
 
 async def test_server_500s_forever_fail_after_bounded_tries(vllm, tokenizer):
     rec = Recorder(fail_first=10**6, status=503)
-    agent = await make_agent(vllm, tokenizer, recorder=rec, settings=AgentSettings(loop="single_turn"),
-                       retry_budget_s=1.0, backoff_s=0.01)
+    agent = await make_agent(
+        vllm, tokenizer, recorder=rec, settings=AgentSettings(loop="single_turn"), retry_budget_s=1.0, backoff_s=0.01
+    )
     with pytest.raises(PolicyUnavailable, match="HTTP 503"):
         await agent.run(task(row()), CTX)
     await agent.aclose()
@@ -226,8 +252,9 @@ async def test_server_500s_forever_fail_after_bounded_tries(vllm, tokenizer):
 
 async def test_task_sampling_with_agent_overrides(vllm, tokenizer):
     rec = Recorder()
-    agent = await make_agent(vllm, tokenizer, recorder=rec,
-                       settings=AgentSettings(loop="single_turn", sampling={"temperature": 0.5}))
+    agent = await make_agent(
+        vllm, tokenizer, recorder=rec, settings=AgentSettings(loop="single_turn", sampling={"temperature": 0.5})
+    )
     await agent.run(task(row(), top_p=0.9, max_tokens=5, seed=3), CTX)
     await agent.aclose()
     await rec.stop()
@@ -273,15 +300,25 @@ class Forwarder:
 async def test_two_replicas_survive_losing_one_mid_run(vllm, tokenizer, settings):
     fwd = Forwarder(vllm.port)
     second = await fwd.start()
-    agent = await make_agent(vllm, tokenizer, urls=[vllm.url, second], settings=AgentSettings(loop="single_turn"),
-                       backoff_s=0.05, unhealthy_after=1, probe_interval_s=0.5)
+    agent = await make_agent(
+        vllm,
+        tokenizer,
+        urls=[vllm.url, second],
+        settings=AgentSettings(loop="single_turn"),
+        backoff_s=0.05,
+        unhealthy_after=1,
+        probe_interval_s=0.5,
+    )
     w = Worker(settings, "adder", agent, concurrency=4)
     run = asyncio.create_task(w.run())
     client = FarmClient(settings)
-    tasks = [client.task(run_id="two", agent="adder", row=row(f"Count to {i}."),
-                         sampling=Sampling(temperature=1.0, max_tokens=8)) for i in range(16)]
+    tasks = [
+        client.task(
+            run_id="two", agent="adder", row=row(f"Count to {i}."), sampling=Sampling(temperature=1.0, max_tokens=8)
+        )
+        for i in range(16)
+    ]
     await client.submit(tasks)
-    reader = client.reader("two")
     first = await client.collect(tasks[:4], timeout_s=120)
     served_before = {r.url: r.served for r in agent.policy.replicas}
     await fwd.stop()
@@ -290,8 +327,9 @@ async def test_two_replicas_survive_losing_one_mid_run(vllm, tokenizer, settings
     await asyncio.wait_for(run, 60)
     await client.aclose()
     got = first | rest
-    assert len(got) == 16 and all(r.status is not Status.failed for r in got.values()), \
-        [r.error for r in got.values() if r.error]
+    assert len(got) == 16 and all(r.status is not Status.failed for r in got.values()), [
+        r.error for r in got.values() if r.error
+    ]
     direct, proxy = agent.policy.replicas
     assert served_before[second] > 0, "both replicas served before one was stopped"
     assert not proxy.healthy and direct.served > served_before[vllm.url]
@@ -302,10 +340,12 @@ async def test_tool_calls_invalid_json_and_unknown_tools_go_back_to_the_model(to
     agent = PolicyAgent(Adder(), None, tokenizer)
     metrics = {"tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0}
     output, calls, state = [], [], []
-    text = ('<tool_call>{"name": "add", "arguments": {"a": 40, "b": 2}}</tool_call>'
-            '<tool_call>{"name": "add", "arguments": {oops}</tool_call>'
-            '<tool_call>{"name": "mul", "arguments": {"a": 1}}</tool_call>'
-            '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
+    text = (
+        '<tool_call>{"name": "add", "arguments": {"a": 40, "b": 2}}</tool_call>'
+        '<tool_call>{"name": "add", "arguments": {oops}</tool_call>'
+        '<tool_call>{"name": "mul", "arguments": {"a": 1}}</tool_call>'
+        '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    )
     msgs = await agent._run_tools(text, 0, state, output, calls, metrics)
     assert [m["role"] for m in msgs] == ["tool"] * 4
     assert json.loads(msgs[0]["content"]) == {"sum": 42} and state == [(40, 2)]
@@ -321,8 +361,9 @@ def test_templates_without_tools_get_them_in_the_system_prompt(tokenizer):
     assert tokenizer.native_tools is False  # SmolLM2's template ignores `tools`
     messages, tools = tokenizer.with_tools([{"role": "user", "content": "hi"}], [Adder().tools()[0].schema()])
     assert tools is None and messages[0]["role"] == "system" and '"name": "add"' in messages[0]["content"]
-    ids = tokenizer.append_ids(messages + [{"role": "assistant", "content": "ok"}], None,
-                               [{"role": "tool", "content": "42"}])
+    ids = tokenizer.append_ids(
+        messages + [{"role": "assistant", "content": "ok"}], None, [{"role": "tool", "content": "42"}]
+    )
     assert tokenizer.decode(ids) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -351,10 +392,20 @@ def test_concurrent_seeded_prompts_past_one_steps_budget_keep_the_engine_alive(v
     prompt = tokenizer.encode("word " * 700)[:700]
 
     def complete(seed: int) -> dict:
-        body = {"model": vllm.served_model_name, "prompt": prompt, "max_tokens": 4, "temperature": 1.0,
-                "seed": seed, "logprobs": 1}
-        req = urllib.request.Request(vllm.openai_url + "/completions", data=_json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+        body = {
+            "model": vllm.served_model_name,
+            "prompt": prompt,
+            "max_tokens": 4,
+            "temperature": 1.0,
+            "seed": seed,
+            "logprobs": 1,
+        }
+        req = urllib.request.Request(
+            vllm.openai_url + "/completions",
+            data=_json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(req, timeout=120) as resp:
             return _json.loads(resp.read())
 

@@ -14,8 +14,7 @@ from aiohttp import web
 
 from bench.policy_stub import Script, StubProcess
 from workers.chat import BadToolCall, ToolCall, chat_tools, input_messages, parse_tool_calls
-from workers.policy import (PolicyClient, PolicyConfig, PolicyRejected, PolicyUnavailable, Session,
-                            retry_after_s)
+from workers.policy import PolicyClient, PolicyConfig, PolicyRejected, PolicyUnavailable, Session, retry_after_s
 
 SCRIPT = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=2048)
 
@@ -47,8 +46,7 @@ async def serve(handler) -> tuple[str, web.AppRunner]:
 
 async def test_least_outstanding_sticky_sessions_and_health(stubs):
     a, b = stubs(), stubs()
-    client = PolicyClient(PolicyConfig(urls=[a.url, b.url], model="m", probe_interval_s=0.05,
-                                       health_interval_s=0.1))
+    client = PolicyClient(PolicyConfig(urls=[a.url, b.url], model="m", probe_interval_s=0.05, health_interval_s=0.1))
     sessions = [Session() for _ in range(8)]
     for s in sessions:
         c = await client.complete([1, 2, 3], {}, s)
@@ -121,8 +119,13 @@ async def test_budget_spent_on_a_dead_server_is_a_policy_failure_with_the_reason
 
 
 async def test_unreadable_or_inconsistent_completions_are_rejected():
-    bodies = iter([{"choices": []},
-                   {"choices": [{"logprobs": {"tokens": ["token_id:1", "token_id:2"], "token_logprobs": [-1.0]}}]}])
+    bodies = iter(
+        [
+            {"choices": []},
+            {"choices": [{"logprobs": {"tokens": ["token_id:1", "token_id:2"], "token_logprobs": [-1.0]}}]},
+        ]
+    )
+
     async def handler(request):
         return web.json_response(next(bodies))
 
@@ -159,8 +162,11 @@ def test_retry_after_header_forms():
 
 
 def test_parse_tool_calls():
-    calls = parse_tool_calls('a <tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
-                             '<tool_call>[1]</tool_call><tool_call>{"name": "g", "arguments": 3}</tool_call>', 2)
+    calls = parse_tool_calls(
+        'a <tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
+        '<tool_call>[1]</tool_call><tool_call>{"name": "g", "arguments": 3}</tool_call>',
+        2,
+    )
     assert isinstance(calls[0], ToolCall) and calls[0].arguments == {"x": 1} and calls[0].call_id == "call_2_0"
     assert isinstance(calls[1], BadToolCall) and "must be" in calls[1].error
     assert isinstance(calls[2], BadToolCall) and "JSON object" in calls[2].error
@@ -168,14 +174,25 @@ def test_parse_tool_calls():
 
 
 def test_rows_in_nemo_gym_format_become_messages_and_tools():
-    params = {"instructions": "be brief", "input": [
-        {"role": "developer", "content": "sys"},
-        {"role": "user", "content": [{"type": "input_text", "text": "hi "}, {"type": "input_text", "text": "there"}]}],
-        "tools": [{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}]}
-    assert input_messages(params) == [{"role": "system", "content": "be brief"}, {"role": "system", "content": "sys"},
-                                      {"role": "user", "content": "hi there"}]
-    assert chat_tools(params["tools"]) == [{"type": "function", "function": {
-        "name": "f", "description": "d", "parameters": {"type": "object"}}}]
+    params = {
+        "instructions": "be brief",
+        "input": [
+            {"role": "developer", "content": "sys"},
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "hi "}, {"type": "input_text", "text": "there"}],
+            },
+        ],
+        "tools": [{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}],
+    }
+    assert input_messages(params) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hi there"},
+    ]
+    assert chat_tools(params["tools"]) == [
+        {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+    ]
     assert input_messages({"input": "plain"}) == [{"role": "user", "content": "plain"}]
     with pytest.raises(ValueError, match="without a role"):
         input_messages({"input": [{"content": "x"}]})
@@ -202,7 +219,8 @@ def test_a_template_that_looks_at_contents_loses_its_frame(model_dir):
     tok = ChatTokenizer(str(model_dir))
     tok.tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content|length > 20 %}LONG {% endif %}"
-        "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "a question longer than twenty"}]
     ids = tok.prompt_ids(messages, None)
     assert tok.decode(ids).count("LONG") == 1 and ids == tok.encode(tok._render(messages, None, True))

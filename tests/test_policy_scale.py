@@ -23,6 +23,7 @@ from bench.concurrency import rows, script_for
 from bench.policy_stub import StubProcess
 from farm.client import FarmClient
 from farm.keys import GROUP
+
 from conftest import ROOT, spawn_worker, stop, worker_env
 
 pytestmark = pytest.mark.slow
@@ -37,8 +38,17 @@ def stub(tokenizer, tmp_path):
 
 
 def worker(settings, stub, model_dir, concurrency: int, **env: str):
-    return spawn_worker(settings, "--agent", AGENT, "--concurrency", str(concurrency), FARM_POLICY_URLS=stub.url,
-                        FARM_POLICY_MODEL="stub", FARM_POLICY_TOKENIZER=str(model_dir), **env)
+    return spawn_worker(
+        settings,
+        "--agent",
+        AGENT,
+        "--concurrency",
+        str(concurrency),
+        FARM_POLICY_URLS=stub.url,
+        FARM_POLICY_MODEL="stub",
+        FARM_POLICY_TOKENIZER=str(model_dir),
+        **env,
+    )
 
 
 def drive(proc, main) -> tuple:
@@ -90,7 +100,6 @@ def test_a_60s_outage_of_every_replica_loses_and_fails_nothing(settings, stub, m
         client = FarmClient(settings)
         tasks = [client.task(run_id="outage", agent=AGENT, row=r) for r in rows(n)]
         await client.submit(tasks)
-        reader = client.reader("outage")
         got = await client.collect(tasks[:100], timeout_s=120)
         stub.stop()
         await asyncio.sleep(5)
@@ -120,7 +129,6 @@ def test_a_permanent_outage_ends_in_policy_failures_and_fetching_pauses(settings
         client = FarmClient(settings)
         first = [client.task(run_id="down", agent=AGENT, row=r) for r in rows(8)]
         await client.submit(first)
-        reader = client.reader("down")
         start = time.monotonic()
         failed = await client.collect(first, timeout_s=120)
         took = time.monotonic() - start
@@ -144,12 +152,21 @@ def test_a_permanent_outage_ends_in_policy_failures_and_fetching_pauses(settings
 
 
 def test_a_concurrency_the_open_file_limit_cannot_carry_is_refused(settings, model_dir, tmp_path):
-    env = worker_env(settings, FARM_POLICY_URLS="http://127.0.0.1:9", FARM_POLICY_MODEL="stub",
-                     FARM_POLICY_TOKENIZER=str(model_dir))
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (512, 2048)); "
-            "from farm.cli import main; sys.exit(main(sys.argv[1:]))")
-    out = subprocess.run([sys.executable, "-c", code, "worker", "--agent", AGENT, "--concurrency", "4096"],
-                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = worker_env(
+        settings, FARM_POLICY_URLS="http://127.0.0.1:9", FARM_POLICY_MODEL="stub", FARM_POLICY_TOKENIZER=str(model_dir)
+    )
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (512, 2048)); "
+        "from farm.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, "worker", "--agent", AGENT, "--concurrency", "4096"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "4352 open files" in lines[0] and "2048" in lines[0], out.stderr
@@ -157,9 +174,11 @@ def test_a_concurrency_the_open_file_limit_cannot_carry_is_refused(settings, mod
 
 
 def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
-    code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (512, 4096)); "
-            "from workers.runtime import raise_open_files; print(raise_open_files(1024), "
-            "resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (512, 4096)); "
+        "from workers.runtime import raise_open_files; print(raise_open_files(1024), "
+        "resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["4096", "4096"]
@@ -169,6 +188,7 @@ def test_worker_heartbeat_reports_fetch_pauses(settings, stub, model_dir):
     stub.stop()
     proc = worker(settings, stub, model_dir, 4, FARM_POLICY_RETRY_BUDGET_S="2")
     try:
+
         async def main():
             client = FarmClient(settings)
             tasks = [client.task(run_id="hb", agent=AGENT, row=r) for r in rows(4)]

@@ -3,9 +3,9 @@
 import asyncio
 import os
 import subprocess
-from pathlib import Path
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,8 +63,9 @@ def test_sigterm_drains_in_flight_and_leaves_the_rest(settings, sync_redis):
         tasks = [client.task(run_id="term", agent="noop", row=r) for r in rows(12, sleep_s=1.0)]
         proc = spawn_worker(settings, "--agent", "noop", "--concurrency", "4")
         await client.submit(tasks)
-        wait_for(lambda: sync_redis.xpending(settings.keys.tasks("noop"), GROUP)["pending"] == 4,
-                 what="4 tasks in flight")
+        wait_for(
+            lambda: sync_redis.xpending(settings.keys.tasks("noop"), GROUP)["pending"] == 4, what="4 tasks in flight"
+        )
         t0 = time.monotonic()
         out = stop(proc)
         elapsed = time.monotonic() - t0
@@ -123,8 +124,10 @@ def test_redis_restart_with_aof_loses_no_acknowledged_work(tmp_path):
 def test_process_pool_runs_and_stops_all_children(settings, sync_redis):
     proc = spawn_worker(settings, "--agent", "noop", "--processes", "2", "--concurrency", "4")
     try:
-        wait_for(lambda: len(list(sync_redis.scan_iter(match=f"{settings.namespace}:worker:*"))) == 2,
-                 what="two worker heartbeats")
+        wait_for(
+            lambda: len(list(sync_redis.scan_iter(match=f"{settings.namespace}:worker:*"))) == 2,
+            what="two worker heartbeats",
+        )
 
         async def main():
             client = FarmClient(settings)
@@ -136,10 +139,17 @@ def test_process_pool_runs_and_stops_all_children(settings, sync_redis):
         got = asyncio.run(main())
         assert len(got) == 200 and all(r.ok for r in got.values())
         assert len({r.worker_id for r in got.values()}) == 2
-        status = subprocess.run([sys.executable, "-m", "farm", "status", "--json"], env=worker_env(settings),
-                                cwd=ROOT, capture_output=True, text=True, timeout=30)
+        status = subprocess.run(
+            [sys.executable, "-m", "farm", "status", "--json"],
+            env=worker_env(settings),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert status.returncode == 0, status.stderr
         import json
+
         data = json.loads(status.stdout)
         assert data["agents"]["noop"]["counters"]["done"] == 200
         assert len(data["workers"]) == 2
@@ -147,40 +157,74 @@ def test_process_pool_runs_and_stops_all_children(settings, sync_redis):
     finally:
         out = stop(proc, timeout=30)
     assert proc.returncode == 0, out
-    wait_for(lambda: not list(sync_redis.scan_iter(match=f"{settings.namespace}:worker:*")),
-             what="heartbeats removed on exit")
+    wait_for(
+        lambda: not list(sync_redis.scan_iter(match=f"{settings.namespace}:worker:*")),
+        what="heartbeats removed on exit",
+    )
 
 
 def test_unknown_agent_is_refused_at_start(settings):
-    proc = subprocess.run([sys.executable, "-m", "farm", "worker", "--agent", "no_such_agent"],
-                          env=worker_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "farm", "worker", "--agent", "no_such_agent"],
+        env=worker_env(settings),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 5  # EXIT_UNKNOWN_AGENT: a supervisor does not restart it
     assert "unknown agent 'no_such_agent'" in proc.stderr and "noop" in proc.stderr
 
 
 def test_bad_setting_is_refused_with_its_source(settings):
     env = worker_env(settings, FARM_MAX_ATTEMPTS="many")
-    proc = subprocess.run([sys.executable, "-m", "farm", "status"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "farm", "status"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 2 and "FARM_MAX_ATTEMPTS" in proc.stderr
 
 
 def test_demo_runs_end_to_end(settings):
     env = worker_env(settings)
-    proc = subprocess.run([sys.executable, "-m", "farm", "demo", "--noop", "--tasks", "300", "--processes", "1",
-                           "--concurrency", "16", "--timeout", "60"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "demo",
+            "--noop",
+            "--tasks",
+            "300",
+            "--processes",
+            "1",
+            "--concurrency",
+            "16",
+            "--timeout",
+            "60",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rollouts_per_s" in proc.stdout and "300" in proc.stdout
 
 
 def test_farm_redis_runs_in_the_foreground_with_aof(tmp_path):
-    from farm.embedded import free_port
     import redis as redis_lib
 
+    from farm.embedded import free_port
+
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "redis", "--port", str(port), "--data-dir", str(tmp_path)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "farm", "redis", "--port", str(port), "--data-dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         r = redis_lib.Redis(port=port)
         wait_for(lambda: _ping(r), what="farm redis to answer")
@@ -197,16 +241,32 @@ def test_farm_redis_runs_in_the_foreground_with_aof(tmp_path):
 def test_farm_redis_takes_its_password_from_a_file_and_keeps_secrets_off_argv_and_disk(tmp_path):
     """The password never reaches a command line (any process can read those), logs or the banner;
     data, AOF, config and log are the farm's alone (0600 in a 0700 directory)."""
-    from farm.embedded import free_port
     import redis as redis_lib
+
+    from farm.embedded import free_port
 
     secret = "pw-" + os.urandom(8).hex()
     pw_file = tmp_path / "pw"
     pw_file.write_text(secret + "\n")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "redis", "--port", str(port), "--data-dir",
-                             str(tmp_path / "data"), "--password-file", str(pw_file)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "redis",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--password-file",
+            str(pw_file),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         r = redis_lib.Redis(port=port, password=secret)
         wait_for(lambda: _ping(r), what="farm redis to answer")
@@ -255,8 +315,9 @@ def test_worker_runs_an_environment_against_real_vllm(settings, vllm, model_dir)
     from envs.single_tool_call import generate
     from farm.schema import Sampling
 
-    got = run_through_worker(settings, vllm, model_dir, "single_tool_call", generate(4, seed=3),
-                             sampling=Sampling(max_tokens=24))
+    got = run_through_worker(
+        settings, vllm, model_dir, "single_tool_call", generate(4, seed=3), sampling=Sampling(max_tokens=24)
+    )
     assert len(got) == 4
     for r in got:
         assert r.status.value in ("ok", "truncated"), r.error
@@ -267,6 +328,12 @@ def test_worker_runs_an_environment_against_real_vllm(settings, vllm, model_dir)
 
 
 def test_worker_without_a_policy_url_says_how_to_get_one(settings):
-    proc = subprocess.run([sys.executable, "-m", "farm", "worker", "--agent", "single_tool_call"],
-                          env=worker_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "farm", "worker", "--agent", "single_tool_call"],
+        env=worker_env(settings),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "FARM_POLICY_URLS" in proc.stderr

@@ -28,8 +28,16 @@ NEEDS = "the sandbox's uid and namespace isolation need root on Linux"
 if os.environ.get("CI") == "true":
     assert os.geteuid() == 0 and os.path.exists("/proc/self/ns/net"), NEEDS
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/proc/self/ns/net"), reason=NEEDS)
-ISOLATED = {"uid": True, "namespaces": True, "network": True, "filesystem": True, "pid": True, "cgroup": True,
-            "no_new_privs": True, "no_unix_sockets": True}
+ISOLATED = {
+    "uid": True,
+    "namespaces": True,
+    "network": True,
+    "filesystem": True,
+    "pid": True,
+    "cgroup": True,
+    "no_new_privs": True,
+    "no_unix_sockets": True,
+}
 
 ADD = {"inputs": ["1\n2", "3\n4", "-5\n5"], "outputs": ["3", "7", "0"], "fn_name": "add"}
 GOOD = "def add(a, b):\n    return a + b\n"
@@ -43,7 +51,7 @@ def sandbox_processes() -> list[int]:
 
 def _sandbox_uid(pid: str) -> bool:
     try:
-        line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("Uid:"))
+        line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Uid:"))
     except (OSError, StopIteration):
         return False
     return UID_BASE <= int(line.split()[1]) < UID_BASE + UID_COUNT
@@ -52,8 +60,9 @@ def _sandbox_uid(pid: str) -> bool:
 def test_a_correct_program_passes_and_a_partial_one_gets_its_fraction():
     r = run_program(GOOD, ADD, FAST)
     assert (r.reason, r.passed, r.total, r.tests) == ("ok", 3, 3, [True, True, True])
-    assert {k: v for k, v in r.isolation.items() if k != "cgroup"} == {k: v for k, v in ISOLATED.items()
-                                                                       if k != "cgroup"}
+    assert {k: v for k, v in r.isolation.items() if k != "cgroup"} == {
+        k: v for k, v in ISOLATED.items() if k != "cgroup"
+    }
     r = run_program("def add(a, b):\n    return abs(a) + b\n", ADD, FAST)
     assert (r.reason, r.tests) == ("ok", [True, True, False])
 
@@ -75,7 +84,7 @@ def test_an_infinite_loop_is_killed_at_the_cpu_or_wall_limit():
     r = run_program("while True:\n    pass\n", ADD, FAST)
     assert r.reason == "timeout" and r.passed == 0 and r.signal in ("SIGXCPU", "SIGKILL") and "CPU" in r.detail
     assert time.monotonic() - t0 < FAST.wall_s + 2
-    r = run_program("import time\ntime.sleep(60)\n", ADD, FAST)   # no CPU used: the wall clock kills it
+    r = run_program("import time\ntime.sleep(60)\n", ADD, FAST)  # no CPU used: the wall clock kills it
     assert r.reason == "timeout" and "wall" in r.detail and r.duration_s < FAST.wall_s + 1
     assert sandbox_processes() == []
 
@@ -90,14 +99,16 @@ def test_a_memory_bomb_fails_safely():
 
 
 def test_forks_stop_at_the_process_limit_and_nothing_outlives_the_run():
-    counting = ("import os, sys, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(60)\n"
-                "            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('forks', n, type(e).__name__, file=sys.stderr)\n"
-                + GOOD)
+    counting = (
+        "import os, sys, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(60)\n"
+        "            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('forks', n, type(e).__name__, file=sys.stderr)\n"
+        + GOOD
+    )
     r = run_program(counting, ADD, FAST)
     forks, err = r.stderr.split()[1:3]
     assert r.reason == "ok" and r.passed == 3
     assert 0 < int(forks) <= FAST.max_processes and err == "BlockingIOError", r.stderr
-    assert sandbox_processes() == []   # the sleeping children were killed with the run
+    assert sandbox_processes() == []  # the sleeping children were killed with the run
 
 
 def test_a_fork_bomb_fails_safely():
@@ -107,21 +118,23 @@ def test_a_fork_bomb_fails_safely():
     assert r.reason in ("timeout", "killed", "error") and r.passed == 0
     assert time.monotonic() - t0 < FAST.wall_s + 3
     assert sandbox_processes() == []
-    assert run_program(GOOD, ADD, FAST).passed == 3   # the machine still runs programs
+    assert run_program(GOOD, ADD, FAST).passed == 3  # the machine still runs programs
 
 
 def test_no_network_not_even_loopback(redis_url):
     host, port = "127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    socket.create_connection((host, port), timeout=2).close()   # reachable from here, so the test means something
-    probe = ("import socket, sys\n"
-             f"for addr in [('{host}', {port}), ('1.1.1.1', 53), ('8.8.8.8', 443)]:\n"
-             "    s = socket.socket()\n    s.settimeout(2)\n    try:\n        s.connect(addr)\n"
-             "        print('CONNECTED', addr, file=sys.stderr)\n"
-             "    except OSError as e:\n        print('refused', e.errno, file=sys.stderr)\n" + GOOD)
+    socket.create_connection((host, port), timeout=2).close()  # reachable from here, so the test means something
+    probe = (
+        "import socket, sys\n"
+        f"for addr in [('{host}', {port}), ('1.1.1.1', 53), ('8.8.8.8', 443)]:\n"
+        "    s = socket.socket()\n    s.settimeout(2)\n    try:\n        s.connect(addr)\n"
+        "        print('CONNECTED', addr, file=sys.stderr)\n"
+        "    except OSError as e:\n        print('refused', e.errno, file=sys.stderr)\n" + GOOD
+    )
     r = run_program(probe, ADD, FAST)
     assert r.reason == "ok" and "CONNECTED" not in r.stderr and r.stderr.count("refused") == 3, r.stderr
     r = run_program("import socket\nsocket.getaddrinfo('example.com', 80)\n", ADD, FAST)
-    assert r.reason == "error"   # no DNS either: the program fails to load
+    assert r.reason == "error"  # no DNS either: the program fails to load
 
 
 def test_writes_reach_nothing_on_the_host():
@@ -129,9 +142,11 @@ def test_writes_reach_nothing_on_the_host():
     name = f"sandbox-escape-{uuid.uuid4().hex[:8]}"
     private = [f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}", "inside.txt"]
     host = [f"{Path.cwd()}/{name}", f"/root/{name}", f"/etc/{name}", f"/usr/{name}"]
-    probe = (f"import os, sys\nfor p in {private + host!r}:\n    try:\n        with open(p, 'w') as f:\n"
-             "            f.write('x')\n        print('WROTE', p, file=sys.stderr)\n"
-             "    except OSError as e:\n        print('denied', e.errno, file=sys.stderr)\n" + GOOD)
+    probe = (
+        f"import os, sys\nfor p in {private + host!r}:\n    try:\n        with open(p, 'w') as f:\n"
+        "            f.write('x')\n        print('WROTE', p, file=sys.stderr)\n"
+        "    except OSError as e:\n        print('denied', e.errno, file=sys.stderr)\n" + GOOD
+    )
     r = run_program(probe, ADD, FAST)
     assert r.reason == "ok"
     assert r.stderr.count("WROTE") == len(private) and r.stderr.count("denied") == len(host), r.stderr
@@ -139,7 +154,9 @@ def test_writes_reach_nothing_on_the_host():
 
 
 def test_a_huge_file_hits_the_file_size_limit():
-    r = run_program("with open('big', 'wb') as f:\n    f.write(b'x' * (64 * 1024**2))\n", ADD, Limits(wall_s=5, file_mb=1))
+    r = run_program(
+        "with open('big', 'wb') as f:\n    f.write(b'x' * (64 * 1024**2))\n", ADD, Limits(wall_s=5, file_mb=1)
+    )
     assert r.reason in ("killed", "error") and r.passed == 0
 
 
@@ -176,8 +193,9 @@ async def test_the_rq_job_travels_as_json_never_pickle(redis_url, queue, sync_re
 async def test_runs_in_parallel_through_two_workers(redis_url, queue):
     client = SandboxClient(redis_url, queue, start_workers=2)
     try:
-        got = await asyncio.gather(*[client.run(GOOD if i % 2 else "def add(a, b):\n    return 0\n", ADD, FAST)
-                                     for i in range(6)])
+        got = await asyncio.gather(
+            *[client.run(GOOD if i % 2 else "def add(a, b):\n    return 0\n", ADD, FAST) for i in range(6)]
+        )
         assert [r.passed for r in got] == [1, 3, 1, 3, 1, 3]
         assert len(client.workers) == 2
     finally:
@@ -210,8 +228,11 @@ async def test_no_worker_means_a_sandbox_error_not_a_zero(redis_url, queue):
 
 
 def test_the_worker_runs_from_the_command_line(redis_url, queue):
-    proc = subprocess.Popen([sys.executable, "-m", "envs.sandbox", "worker", "--queue", queue],
-                            cwd=Path(__file__).resolve().parents[1], env=dict(os.environ, FARM_SANDBOX_REDIS_URL=redis_url))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envs.sandbox", "worker", "--queue", queue],
+        cwd=Path(__file__).resolve().parents[1],
+        env=dict(os.environ, FARM_SANDBOX_REDIS_URL=redis_url),
+    )
     try:
         client = SandboxClient(redis_url, queue, start_workers=0, wait_margin_s=30)
         assert asyncio.run(client.run(GOOD, ADD, FAST)).passed == 3
@@ -244,34 +265,38 @@ def test_the_expected_outputs_never_enter_the_sandbox():
     secret = "731946285"
     tests = {"inputs": ["1\n2"], "outputs": [secret], "fn_name": "add"}
     # The program looks for the secret built at run time, so its own source does not hold it.
-    snoop = ("import os, sys, gc\ndef check():\n    target = ''.join(['7319', '46285'])\n    found = []\n"
-             "    for root, _, files in [w for top in ('/tmp', '/var/tmp', '/dev/shm', '/run') for w in os.walk(top)]:\n"
-             "        for f in files:\n            try:\n"
-             "                if os.path.getsize(os.path.join(root, f)) < 10**6:\n"
-             "                    found.append(open(os.path.join(root, f), errors='ignore').read())\n"
-             "            except OSError:\n                pass\n"
-             "    found += [repr(o) for o in gc.get_objects() if isinstance(o, (dict, list, tuple))]\n"
-             "    return any(target in x for x in found)\n"
-             "print('LEAK' if check() else 'clean', file=sys.stderr)\n"
-             "def add(a, b):\n    return a + b\n")
+    snoop = (
+        "import os, sys, gc\ndef check():\n    target = ''.join(['7319', '46285'])\n    found = []\n"
+        "    for root, _, files in [w for top in ('/tmp', '/var/tmp', '/dev/shm', '/run') for w in os.walk(top)]:\n"
+        "        for f in files:\n            try:\n"
+        "                if os.path.getsize(os.path.join(root, f)) < 10**6:\n"
+        "                    found.append(open(os.path.join(root, f), errors='ignore').read())\n"
+        "            except OSError:\n                pass\n"
+        "    found += [repr(o) for o in gc.get_objects() if isinstance(o, (dict, list, tuple))]\n"
+        "    return any(target in x for x in found)\n"
+        "print('LEAK' if check() else 'clean', file=sys.stderr)\n"
+        "def add(a, b):\n    return a + b\n"
+    )
     r = run_program(snoop, tests, FAST)
     assert "clean" in r.stderr and "LEAK" not in r.stderr, r.stderr
 
 
 # ── the queue runs the sandbox's job and nothing else ────────────────────────────────────────
 async def test_a_job_naming_any_other_function_is_refused_and_nothing_runs(redis_url, queue, tmp_path):
+    import redis
     from rq import Queue
     from rq.serializers import JSONSerializer
-    import redis
 
     client = SandboxClient(redis_url, queue, start_workers=1)
     target = tmp_path / "made-by-a-job"
     try:
-        assert (await client.run(GOOD, ADD, FAST)).passed == 3     # the worker is up and serving
+        assert (await client.run(GOOD, ADD, FAST)).passed == 3  # the worker is up and serving
         q = Queue(queue, connection=redis.Redis.from_url(redis_url), serializer=JSONSerializer)
-        jobs = [q.enqueue("os.makedirs", str(target)),
-                q.enqueue("subprocess.run", ["touch", str(target)]),
-                q.enqueue("envs.sandbox.run_program", GOOD, ADD)]         # ours, but not the job
+        jobs = [
+            q.enqueue("os.makedirs", str(target)),
+            q.enqueue("subprocess.run", ["touch", str(target)]),
+            q.enqueue("envs.sandbox.run_program", GOOD, ADD),
+        ]  # ours, but not the job
         for job in jobs:
             for _ in range(200):
                 if job.get_status(refresh=True) in ("failed", "finished"):

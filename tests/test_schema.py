@@ -45,8 +45,13 @@ def test_trace_with_mismatched_lengths_is_rejected():
 def test_decoding_rejects_a_wire_trace_with_mismatched_lengths():
     rollout = Rollout.for_task(make_task(), status=Status.ok, reward=0.0)
     raw = msgspec.msgpack.decode(schema.encode(rollout))
-    raw["trace"] = {"prompt_ids": b"", "completion_ids": b"\x01\x00\x00\x00", "logprobs": b"",
-                    "env_mask": b"\x01", "turns": []}
+    raw["trace"] = {
+        "prompt_ids": b"",
+        "completion_ids": b"\x01\x00\x00\x00",
+        "logprobs": b"",
+        "env_mask": b"\x01",
+        "turns": [],
+    }
     with pytest.raises(MalformedEntry, match="logprobs"):
         schema.decode_rollout({b"v": b"1", b"d": msgspec.msgpack.encode(raw)})
 
@@ -58,13 +63,16 @@ def test_failed_rollout_requires_an_error():
     assert r.error.kind == "timeout" and not r.ok and r.reward is None
 
 
-@pytest.mark.parametrize("fields, match", [
-    ({b"v": b"1"}, "lacks"),
-    ({b"d": b"x"}, "lacks"),
-    ({b"v": b"1", b"d": b"\xc1not msgpack"}, "bad task"),
-    ({b"v": b"1", b"d": msgspec.msgpack.encode({"task_id": 5})}, "bad task"),
-    ({b"v": b"1", b"d": msgspec.msgpack.encode([1, 2, 3])}, "bad task"),
-])
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({b"v": b"1"}, "lacks"),
+        ({b"d": b"x"}, "lacks"),
+        ({b"v": b"1", b"d": b"\xc1not msgpack"}, "bad task"),
+        ({b"v": b"1", b"d": msgspec.msgpack.encode({"task_id": 5})}, "bad task"),
+        ({b"v": b"1", b"d": msgspec.msgpack.encode([1, 2, 3])}, "bad task"),
+    ],
+)
 def test_malformed_entries_raise_malformed(fields, match):
     with pytest.raises(MalformedEntry, match=match):
         schema.decode_task(fields)

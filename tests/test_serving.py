@@ -10,8 +10,9 @@ from workers.serving.convert import portable_tokenizer_config
 
 
 def test_the_tokenizer_config_names_a_class_both_transformers_versions_load():
-    out = portable_tokenizer_config({"tokenizer_class": "TokenizersBackend", "is_local": True,
-                                     "local_files_only": True, "model_max_length": 8192})
+    out = portable_tokenizer_config(
+        {"tokenizer_class": "TokenizersBackend", "is_local": True, "local_files_only": True, "model_max_length": 8192}
+    )
     assert out == {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192}
 
 

@@ -15,8 +15,11 @@ def test_defaults_are_valid_and_embedded():
 def test_file_then_env_then_overrides(tmp_path):
     cfg = tmp_path / "farm.yaml"
     cfg.write_text("farm:\n  namespace: fromfile\n  max_attempts: 5\n  concurrency: 8\n")
-    s = load_settings(cfg, env={"FARM_MAX_ATTEMPTS": "7", "FARM_REDIS_URL": "rediss://u:p@host:6380/1"},
-                      overrides={"concurrency": 16, "block_ms": None})
+    s = load_settings(
+        cfg,
+        env={"FARM_MAX_ATTEMPTS": "7", "FARM_REDIS_URL": "rediss://u:p@host:6380/1"},
+        overrides={"concurrency": 16, "block_ms": None},
+    )
     assert (s.namespace, s.max_attempts, s.concurrency) == ("fromfile", 7, 16)
     assert s.redis_url == "rediss://u:p@host:6380/1"
     assert s.block_ms == 500
@@ -28,14 +31,17 @@ def test_config_path_from_env(tmp_path):
     assert load_settings(env={"FARM_CONFIG": str(cfg)}).namespace == "viaenv"
 
 
-@pytest.mark.parametrize("env, match", [
-    ({"FARM_MAX_ATTEMPTS": "three"}, "FARM_MAX_ATTEMPTS"),
-    ({"FARM_MAX_ATTEMPTS": "0"}, "max_attempts must be > 0"),
-    ({"FARM_REDIS_URL": "http://localhost"}, "redis://"),
-    ({"FARM_NAMESPACE": "bad name"}, "namespace"),
-    ({"FARM_LOG_FORMAT": "xml"}, "log_format"),
-    ({"FARM_LEASE_RENEW_S": "100"}, "lease_renew_s"),
-])
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"FARM_MAX_ATTEMPTS": "three"}, "FARM_MAX_ATTEMPTS"),
+        ({"FARM_MAX_ATTEMPTS": "0"}, "max_attempts must be > 0"),
+        ({"FARM_REDIS_URL": "http://localhost"}, "redis://"),
+        ({"FARM_NAMESPACE": "bad name"}, "namespace"),
+        ({"FARM_LOG_FORMAT": "xml"}, "log_format"),
+        ({"FARM_LEASE_RENEW_S": "100"}, "lease_renew_s"),
+    ],
+)
 def test_bad_values_name_their_source(env, match):
     with pytest.raises(ConfigError, match=match):
         load_settings(env=env)

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from conftest import spawn_worker
 from farm.schema import Sampling
+
+from conftest import spawn_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
@@ -33,8 +34,11 @@ def stop(proc, timeout: float = 30.0) -> str:
 
 
 def noop_row(i: int, **spec) -> dict:
-    return {"responses_create_params": {"input": [{"role": "user", "content": f"question {i}"}]},
-            "agent_ref": {"type": "responses_api_agents", "name": "noop"}, "noop": spec}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": f"question {i}"}]},
+        "agent_ref": {"type": "responses_api_agents", "name": "noop"},
+        "noop": spec,
+    }
 
 
 class _Tok:
@@ -58,8 +62,9 @@ def test_rollout_func_returns_one_masked_entry_per_prompt(settings, noop_worker)
 
     rows = [noop_row(0, tokens=5, reward=1.0), noop_row(1, fail="fatal"), noop_row(2, tokens=3, reward=0.25)]
     prompts = [json.dumps(r) for r in rows for _ in range(2)]  # TRL repeats each prompt num_generations times
-    rollout = FarmRollout(settings, tokenizer=_Tok(), run_id="unit", timeout_s=30, num_generations=2,
-                          sampling=Sampling(max_tokens=8))
+    rollout = FarmRollout(
+        settings, tokenizer=_Tok(), run_id="unit", timeout_s=30, num_generations=2, sampling=Sampling(max_tokens=8)
+    )
     rollout.version = 3
     try:
         out = rollout(prompts)
@@ -154,7 +159,7 @@ def test_config_accepts_the_reference_keys_and_the_farm_section(tmp_path):
     path.write_text(REFERENCE_YAML + "\nbogus_key: 1\n")
     from farm.errors import ConfigError
 
-    cfg = load_train_config(path)                 # not the farm's: it goes to TRL, which checks it
+    cfg = load_train_config(path)  # not the farm's: it goes to TRL, which checks it
     assert cfg.trl == {"bogus_key": 1}
     with pytest.raises(ConfigError, match="bogus_key"):
         grpo_args(cfg, output_dir=str(tmp_path / "out"))
@@ -183,6 +188,7 @@ def test_farm_train_reports_a_bad_config(tmp_path, capsys):
 
 
 # -- the AsyncGRPOTrainer adapter -------------------------------------------------------------
+
 
 def test_async_worker_adapter_streams_scored_groups(settings, noop_worker):
     """RolloutWorkerProtocol over the farm: samples land in rollout_buffer, tagged and scored."""
@@ -220,6 +226,7 @@ def test_async_worker_health_check_raises_when_dead(settings):
 
 # -- the real thing: GRPO steps of SmolLM2 through Redis, workers and vLLM ----------------------
 
+
 @pytest.fixture(scope="module")
 def reloadable_vllm(vllm, model_dir):
     """The session's vLLM (started with the dev endpoints weight sync needs), or
@@ -237,17 +244,18 @@ def reloadable_vllm(vllm, model_dir):
     yield server
     import httpx
 
-    httpx.post(f"{server.url}/collective_rpc", json={"method": "reload_weights",
-                                                     "kwargs": {"weights_path": str(model_dir)}},
-               timeout=120).raise_for_status()
+    httpx.post(
+        f"{server.url}/collective_rpc",
+        json={"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}},
+        timeout=120,
+    ).raise_for_status()
     httpx.post(f"{server.url}/reset_prefix_cache", timeout=30).raise_for_status()
 
 
 def _prompt_logprobs(server, ids: list[int]) -> list[float]:
     import httpx
 
-    body = {"model": server.served_model_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
-            "prompt_logprobs": 0}
+    body = {"model": server.served_model_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
     resp = httpx.post(server.openai_url + "/completions", json=body, timeout=120)
     resp.raise_for_status()
     return [next(iter(d.values()))["logprob"] for d in resp.json()["choices"][0]["prompt_logprobs"][1:]]
@@ -265,21 +273,47 @@ def test_grpo_steps_through_the_farm_with_weight_sync(settings, reloadable_vllm,
     torch.set_num_threads(1)  # on a busy 2-core box one thread trains ~4x faster than two
     server = reloadable_vllm
     # Short rollouts: the agents' own sampling overrides (96/128 tokens) are lowered here.
-    (tmp_path / "workers.yaml").write_text(json.dumps({"agents": {
-        "single_tool_call": {"env": "single_tool_call", "max_steps": 2, "sampling": {"max_tokens": 24}},
-        "session_state": {"env": "session_state", "max_steps": 2, "sampling": {"max_tokens": 24}}}}))
-    env = {"FARM_POLICY_URLS": server.url, "FARM_POLICY_MODEL": server.served_model_name,
-           "FARM_POLICY_TOKENIZER": str(model_dir), "FARM_CONFIG": str(tmp_path / "workers.yaml")}
-    procs = [spawn_worker(settings, "--agent", a, "--concurrency", "4", **env)
-             for a in ("single_tool_call", "session_state")]
-    rows = [single_tool_call.generate(1, seed=5)[0], session_state.generate(1, seed=5)[0],
-            {"agent_ref": {"type": "responses_api_agents", "name": "single_tool_call"}, "broken": True}]
+    (tmp_path / "workers.yaml").write_text(
+        json.dumps(
+            {
+                "agents": {
+                    "single_tool_call": {"env": "single_tool_call", "max_steps": 2, "sampling": {"max_tokens": 24}},
+                    "session_state": {"env": "session_state", "max_steps": 2, "sampling": {"max_tokens": 24}},
+                }
+            }
+        )
+    )
+    env = {
+        "FARM_POLICY_URLS": server.url,
+        "FARM_POLICY_MODEL": server.served_model_name,
+        "FARM_POLICY_TOKENIZER": str(model_dir),
+        "FARM_CONFIG": str(tmp_path / "workers.yaml"),
+    }
+    procs = [
+        spawn_worker(settings, "--agent", a, "--concurrency", "4", **env) for a in ("single_tool_call", "session_state")
+    ]
+    rows = [
+        single_tool_call.generate(1, seed=5)[0],
+        session_state.generate(1, seed=5)[0],
+        {"agent_ref": {"type": "responses_api_agents", "name": "single_tool_call"}, "broken": True},
+    ]
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = TrainConfig(model_name=str(model_dir), dataset_path=str(data), output_dir=str(tmp_path / "out"),
-                      max_steps=2, num_generations=2, per_device_train_batch_size=6, learning_rate=1e-4,
-                      max_completion_length=24, temperature=1.0, rollout_timeout_s=150, weight_sync_steps=1,
-                      save_steps=1000, torch_threads=1)
+    cfg = TrainConfig(
+        model_name=str(model_dir),
+        dataset_path=str(data),
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        num_generations=2,
+        per_device_train_batch_size=6,
+        learning_rate=1e-4,
+        max_completion_length=24,
+        temperature=1.0,
+        rollout_timeout_s=150,
+        weight_sync_steps=1,
+        save_steps=1000,
+        torch_threads=1,
+    )
     seen: list[dict] = []
 
     def recorded_env_reward(completions, **kw):
@@ -289,15 +323,18 @@ def test_grpo_steps_through_the_farm_with_weight_sync(settings, reloadable_vllm,
     def even_tokens(completions, completion_ids, env_reward, **_):
         # A shaping term that differs between samples, so the tiny batch has an advantage (and a
         # gradient) even when SmolLM2 scores 0 everywhere and every completion hits the length cap.
-        return [None if r is None else sum(i % 2 == 0 for i in ids) / len(ids) for r, ids in zip(env_reward, completion_ids)]
+        return [
+            None if r is None else sum(i % 2 == 0 for i in ids) / len(ids) for r, ids in zip(env_reward, completion_ids)
+        ]
 
     probe = list(range(100, 120))
     before_served = _prompt_logprobs(server, probe)
     sync = VllmReload([server.url], tmp_path / "weights")
     started = time.monotonic()
     try:
-        trainer, rollout, sync_cb = build_trainer(settings, cfg, reward_funcs=[recorded_env_reward, even_tokens],
-                                                  weight_sync=sync)
+        trainer, rollout, sync_cb = build_trainer(
+            settings, cfg, reward_funcs=[recorded_env_reward, even_tokens], weight_sync=sync
+        )
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         trainer.train()
         rollout.close()
@@ -337,8 +374,10 @@ def test_grpo_steps_through_the_farm_with_weight_sync(settings, reloadable_vllm,
     assert int(sync_redis.get(version_key(settings.namespace))) == 2
     after_served = _prompt_logprobs(server, probe)
     assert max(abs(a - b) for a, b in zip(before_served, after_served)) > 1e-5
-    print(f"2 GRPO steps in {elapsed:.0f}s; syncs: " +
-          ", ".join(f"save {s.save_s:.1f}s reload {s.reload_s:.1f}s" for s in sync_cb.syncs))
+    print(
+        f"2 GRPO steps in {elapsed:.0f}s; syncs: "
+        + ", ".join(f"save {s.save_s:.1f}s reload {s.reload_s:.1f}s" for s in sync_cb.syncs)
+    )
 
 
 @pytest.mark.slow
@@ -349,11 +388,24 @@ def test_farm_train_runs_from_a_yaml_file(settings, noop_worker, model_dir, tmp_
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(noop_row(i, tokens=4, reward=float(i))) + "\n" for i in range(2)))
     config = tmp_path / "train.yaml"
-    config.write_text(json.dumps({
-        "model_name": str(model_dir), "dataset_path": str(data), "output_dir": str(tmp_path / "out"),
-        "max_steps": 1, "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 8,
-        "rollout_timeout_s": 30, "weight_sync": "none", "torch_threads": 1, "save_steps": 1000,
-        "farm": {"redis_url": settings.redis_url, "namespace": settings.namespace}}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_name": str(model_dir),
+                "dataset_path": str(data),
+                "output_dir": str(tmp_path / "out"),
+                "max_steps": 1,
+                "num_generations": 2,
+                "per_device_train_batch_size": 4,
+                "max_completion_length": 8,
+                "rollout_timeout_s": 30,
+                "weight_sync": "none",
+                "torch_threads": 1,
+                "save_steps": 1000,
+                "farm": {"redis_url": settings.redis_url, "namespace": settings.namespace},
+            }
+        )
+    )
     assert main(["train", "--config", str(config)]) == 0
     summary = json.loads((tmp_path / "out" / "farm_summary.json").read_text())
     assert summary["global_step"] == 1 and summary["policy_version"] == 1

@@ -202,7 +202,9 @@ async def test_abandoned_tasks_are_reclaimed_and_attempts_counted(redis_url, nam
     settings = make_settings(redis_url, namespace, max_attempts=2)
     client = FarmClient(settings)
     r = connect(settings)
-    ghost = AgentStream(r, settings.keys, "noop", "ghost", Outage.for_settings(settings))  # a consumer that reads and dies
+    ghost = AgentStream(
+        r, settings.keys, "noop", "ghost", Outage.for_settings(settings)
+    )  # a consumer that reads and dies
     await ghost.setup()
     tasks = await submit(client, rows(4))
     taken = await ghost.read(4, 100)

@@ -49,10 +49,12 @@ def _sample_class():
 def group_samples(tasks: list[Task], rollouts: list[Rollout], group_id: int) -> tuple[list, dict[str, float]]:
     """RolloutSamples for one group's successful rollouts, and the group's metrics."""
     RolloutSample = _sample_class()
-    good = [(t, r) for t, r in zip(tasks, rollouts)
-            if r.ok and r.reward is not None and r.trace is not None and r.trace.completion_ids]
-    failed = Counter(r.error.kind if r.error else "unscorable" for r in rollouts
-                     if not any(r is g for _, g in good))
+    good = [
+        (t, r)
+        for t, r in zip(tasks, rollouts)
+        if r.ok and r.reward is not None and r.trace is not None and r.trace.completion_ids
+    ]
+    failed = Counter(r.error.kind if r.error else "unscorable" for r in rollouts if not any(r is g for _, g in good))
     metrics: dict[str, float] = {"farm/rollouts": float(len(rollouts)), "farm/failed": float(sum(failed.values()))}
     metrics.update({f"farm/failed/{k}": float(n) for k, n in failed.items()})
     if not good:
@@ -64,24 +66,38 @@ def group_samples(tasks: list[Task], rollouts: list[Rollout], group_id: int) -> 
     for (task, r), adv in zip(good, advantages):
         prompt, completion = list(r.trace.prompt()), list(r.trace.completion())
         mask = r.trace.mask()
-        samples.append(RolloutSample(
-            prompt=task.row.get("responses_create_params", {}).get("input", []),
-            completion=r.output,
-            input_ids=np.asarray(prompt + completion, dtype=np.int64),
-            completion_mask=np.asarray([0] * len(prompt) + mask, dtype=np.int64),
-            old_log_probs=np.asarray([0.0] * len(prompt) + list(r.trace.completion_logprobs()), dtype=np.float32),
-            advantage=float(adv), model_version=task.policy_version, group_id=group_id,
-            metrics={"reward": float(r.reward), f"farm/reward/{task.agent_ref.name}": float(r.reward)},
-            enqueued_at=time.time()))
+        samples.append(
+            RolloutSample(
+                prompt=task.row.get("responses_create_params", {}).get("input", []),
+                completion=r.output,
+                input_ids=np.asarray(prompt + completion, dtype=np.int64),
+                completion_mask=np.asarray([0] * len(prompt) + mask, dtype=np.int64),
+                old_log_probs=np.asarray([0.0] * len(prompt) + list(r.trace.completion_logprobs()), dtype=np.float32),
+                advantage=float(adv),
+                model_version=task.policy_version,
+                group_id=group_id,
+                metrics={"reward": float(r.reward), f"farm/reward/{task.agent_ref.name}": float(r.reward)},
+                enqueued_at=time.time(),
+            )
+        )
     return samples, metrics
 
 
 class FarmRolloutWorker:
     """RolloutWorkerProtocol over the farm (rows cycle forever, num_generations Tasks per row)."""
 
-    def __init__(self, settings: Settings, rows: list[dict], *, num_generations: int = 8,
-                 max_groups_in_flight: int = 4, timeout_s: float = 600.0, sampling: Optional[Sampling] = None,
-                 queue_maxsize: int = 1024, run_id: Optional[str] = None):
+    def __init__(
+        self,
+        settings: Settings,
+        rows: list[dict],
+        *,
+        num_generations: int = 8,
+        max_groups_in_flight: int = 4,
+        timeout_s: float = 600.0,
+        sampling: Optional[Sampling] = None,
+        queue_maxsize: int = 1024,
+        run_id: Optional[str] = None,
+    ):
         if not rows:
             raise ValueError("FarmRolloutWorker needs at least one row")
         self.settings, self.rows = settings, rows
@@ -113,8 +129,9 @@ class FarmRolloutWorker:
 
     def check_health(self, stale_after_s: float) -> None:
         if self._error is not None:
-            raise RuntimeError(f"farm rollout worker failed: {type(self._error).__name__}: {self._error}") \
-                from self._error
+            raise RuntimeError(
+                f"farm rollout worker failed: {type(self._error).__name__}: {self._error}"
+            ) from self._error
         if self._thread is None:
             raise RuntimeError("farm rollout worker was not started")
         if not self._thread.is_alive() and not self._stop.is_set():
@@ -152,9 +169,19 @@ class FarmRolloutWorker:
     async def _group(self, client: FarmClient, row: dict) -> None:
         group = next(self._groups)
         ref = row["agent_ref"]
-        tasks = [client.task(run_id=self.run_id, agent=ref["name"], row=row, group_id=f"{self.run_id}-{group}",
-                             sample_index=i, sampling=self.sampling, policy_version=self.model_version,
-                             timeout_s=self.timeout_s) for i in range(self.num_generations)]
+        tasks = [
+            client.task(
+                run_id=self.run_id,
+                agent=ref["name"],
+                row=row,
+                group_id=f"{self.run_id}-{group}",
+                sample_index=i,
+                sampling=self.sampling,
+                policy_version=self.model_version,
+                timeout_s=self.timeout_s,
+            )
+            for i in range(self.num_generations)
+        ]
         got = await client.run_batch(tasks, timeout_s=self.timeout_s)
         samples, metrics = group_samples(tasks, [got[t.task_id] for t in tasks], group)
         metrics["farm/staleness"] = float(self.model_version - tasks[0].policy_version)

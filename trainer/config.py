@@ -29,7 +29,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_name: str
     dataset_path: str
     eval_dataset_path: Optional[str] = None
-    task: str = "farm"                         # names the run (wandb run name, the farm's run_id prefix)
+    task: str = "farm"  # names the run (wandb run name, the farm's run_id prefix)
     output_dir: str = "outputs/farm_grpo"
     report_to: str = "none"
     project_name: Optional[str] = None
@@ -47,27 +47,33 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eval_steps: Optional[int] = None
     vllm_importance_sampling_correction: bool = False
     # A few more TRL knobs worth having in the file.
-    use_vllm: bool = False                      # TRL's own vLLM (GPU, server mode); the farm needs none
+    use_vllm: bool = False  # TRL's own vLLM (GPU, server mode); the farm needs none
     vllm_server_base_url: Optional[str] = None
     beta: float = 0.0
     logging_steps: int = 1
     seed: int = 0
     num_train_epochs: float = 1.0
     bf16: bool = False
-    torch_threads: Optional[int] = None         # torch.set_num_threads; 1 is fastest on a busy 2-core CPU
+    torch_threads: Optional[int] = None  # torch.set_num_threads; 1 is fastest on a busy 2-core CPU
     # The farm's trainer-side knobs.
-    rollout_timeout_s: float = 600.0            # wait this long for a batch; missing rollouts become failures
-    run_id: Optional[str] = None                # the result stream; default: <task>-<random>
-    weight_sync: Literal["reload", "none"] = "reload"   # reload: push weights into the farm's vLLM servers
-    weight_sync_steps: int = 1                  # sync (and bump the policy version) every K optimizer steps
-    weights_dir: Optional[str] = None           # where synced weights are saved (default <output_dir>/policy)
-    sync_urls: list[str] = []                   # servers to reload (default: the farm's policy_urls)
+    rollout_timeout_s: float = 600.0  # wait this long for a batch; missing rollouts become failures
+    run_id: Optional[str] = None  # the result stream; default: <task>-<random>
+    weight_sync: Literal["reload", "none"] = "reload"  # reload: push weights into the farm's vLLM servers
+    weight_sync_steps: int = 1  # sync (and bump the policy version) every K optimizer steps
+    weights_dir: Optional[str] = None  # where synced weights are saved (default <output_dir>/policy)
+    sync_urls: list[str] = []  # servers to reload (default: the farm's policy_urls)
     # Any other top-level key is one of TRL's GRPOConfig arguments, passed to it as it is (TRL checks it).
     trl: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
-                     "weight_sync_steps", "logging_steps"):
+        for name in (
+            "max_steps",
+            "num_generations",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "weight_sync_steps",
+            "logging_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rollout_timeout_s <= 0:
@@ -102,12 +108,25 @@ def grpo_args(cfg: TrainConfig, **extra: Any):
     from trl import GRPOConfig
 
     kwargs: dict[str, Any] = dict(
-        output_dir=cfg.output_dir, report_to=cfg.report_to, learning_rate=cfg.learning_rate, max_steps=cfg.max_steps,
-        num_generations=cfg.num_generations, per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps, temperature=cfg.temperature, top_p=cfg.top_p,
-        save_steps=cfg.save_steps, eval_strategy=cfg.eval_strategy, logging_steps=cfg.logging_steps, seed=cfg.seed,
-        beta=cfg.beta, use_vllm=cfg.use_vllm, num_train_epochs=cfg.num_train_epochs, bf16=cfg.bf16,
-        run_name=f"{cfg.task}", remove_unused_columns=False,
+        output_dir=cfg.output_dir,
+        report_to=cfg.report_to,
+        learning_rate=cfg.learning_rate,
+        max_steps=cfg.max_steps,
+        num_generations=cfg.num_generations,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        save_steps=cfg.save_steps,
+        eval_strategy=cfg.eval_strategy,
+        logging_steps=cfg.logging_steps,
+        seed=cfg.seed,
+        beta=cfg.beta,
+        use_vllm=cfg.use_vllm,
+        num_train_epochs=cfg.num_train_epochs,
+        bf16=cfg.bf16,
+        run_name=f"{cfg.task}",
+        remove_unused_columns=False,
         vllm_importance_sampling_correction=cfg.vllm_importance_sampling_correction and cfg.use_vllm,
     )
     if cfg.completion_limit:
@@ -122,6 +141,7 @@ def grpo_args(cfg: TrainConfig, **extra: Any):
     kwargs.update(extra)
     try:
         return GRPOConfig(**kwargs)
-    except TypeError as exc:   # a key GRPOConfig does not take: name it, as TRL would
-        raise ConfigError(f"training config: {exc} (a top-level key that is neither the farm's nor one of TRL's "
-                          "GRPOConfig arguments)") from None
+    except TypeError as exc:  # a key GRPOConfig does not take: name it, as TRL would
+        raise ConfigError(
+            f"training config: {exc} (a top-level key that is neither the farm's nor one of TRL's GRPOConfig arguments)"
+        ) from None

@@ -69,8 +69,10 @@ def parse_row(prompt: Any) -> dict:
     except json.JSONDecodeError:
         row = None
     if not isinstance(row, dict) or not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
-        raise ValueError("each prompt must be a NeMo Gym row (JSON) with agent_ref.name; "
-                         "load the dataset with trainer.data.load_rows / to_dataset")
+        raise ValueError(
+            "each prompt must be a NeMo Gym row (JSON) with agent_ref.name; "
+            "load the dataset with trainer.data.load_rows / to_dataset"
+        )
     return row
 
 
@@ -96,11 +98,15 @@ class Batch:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def batch_metrics(tasks: list[Task], rollouts: list[Rollout], samples: list[Sample], version: int,
-                  wall_s: float) -> dict[str, float]:
+def batch_metrics(
+    tasks: list[Task], rollouts: list[Rollout], samples: list[Sample], version: int, wall_s: float
+) -> dict[str, float]:
     """Per-step numbers: reward per agent, failures per kind, latency, queue wait, tokens, staleness."""
-    m: dict[str, float] = {"farm/rollouts": float(len(rollouts)), "farm/batch_wall_s": wall_s,
-                           "farm/policy_version": float(version)}
+    m: dict[str, float] = {
+        "farm/rollouts": float(len(rollouts)),
+        "farm/batch_wall_s": wall_s,
+        "farm/policy_version": float(version),
+    }
     by_agent: dict[str, list[float]] = defaultdict(list)
     failed = Counter()
     for r, s in zip(rollouts, samples):
@@ -140,9 +146,18 @@ class FarmRollout:
     `batches` keeps every batch's tasks, rollouts and metrics for tests and benchmarks.
     """
 
-    def __init__(self, settings: Settings, *, tokenizer, run_id: Optional[str] = None, timeout_s: float = 600.0,
-                 num_generations: int = 8, sampling: Optional[Sampling] = None, keep_batches: int = 100,
-                 client_factory: Optional[Callable[[Settings], FarmClient]] = None):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tokenizer,
+        run_id: Optional[str] = None,
+        timeout_s: float = 600.0,
+        num_generations: int = 8,
+        sampling: Optional[Sampling] = None,
+        keep_batches: int = 100,
+        client_factory: Optional[Callable[[Settings], FarmClient]] = None,
+    ):
         self.settings = settings
         self.tokenizer = tokenizer
         self.run_id = run_id or f"train-{uuid.uuid4().hex[:8]}"
@@ -168,8 +183,7 @@ class FarmRollout:
             training = getattr(getattr(trainer, "model", None), "training", True)
             num_generations = trainer.num_generations if training else trainer.num_generations_eval
             args = trainer.args
-            sampling = Sampling(temperature=args.temperature, top_p=args.top_p,
-                                max_tokens=args.max_completion_length)
+            sampling = Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_completion_length)
         batch = self.generate(prompts, num_generations, sampling)
         if trainer is not None and hasattr(trainer, "_log_metric"):
             for name, value in batch.metrics.items():
@@ -194,21 +208,33 @@ class FarmRollout:
         self._calls += 1
         tasks = []
         for g in range(len(rows) // num_generations):
-            group = rows[g * num_generations:(g + 1) * num_generations]
+            group = rows[g * num_generations : (g + 1) * num_generations]
             if any(r != group[0] for r in group[1:]):
-                raise ValueError(f"group {g}: the {num_generations} consecutive prompts of a group differ; "
-                                 "TRL repeats each prompt num_generations times in a row")
+                raise ValueError(
+                    f"group {g}: the {num_generations} consecutive prompts of a group differ; "
+                    "TRL repeats each prompt num_generations times in a row"
+                )
             group_id = f"{self.run_id}-{call}-{g}"
             for i, row in enumerate(group):
                 ref = row["agent_ref"]
-                tasks.append(self.client.task(run_id=self.run_id, agent=ref["name"],
-                                              agent_type=ref.get("type", "responses_api_agents"), row=row,
-                                              group_id=group_id, sample_index=i, sampling=sampling,
-                                              policy_version=self.version, timeout_s=self.timeout_s))
+                tasks.append(
+                    self.client.task(
+                        run_id=self.run_id,
+                        agent=ref["name"],
+                        agent_type=ref.get("type", "responses_api_agents"),
+                        row=row,
+                        group_id=group_id,
+                        sample_index=i,
+                        sampling=sampling,
+                        policy_version=self.version,
+                        timeout_s=self.timeout_s,
+                    )
+                )
         return tasks
 
-    def generate(self, prompts: list, num_generations: Optional[int] = None,
-                 sampling: Optional[Sampling] = None) -> Batch:
+    def generate(
+        self, prompts: list, num_generations: Optional[int] = None, sampling: Optional[Sampling] = None
+    ) -> Batch:
         tasks = self.tasks_for(prompts, num_generations or self.num_generations, sampling or self.sampling)
         t0 = time.perf_counter()
         got = self._loop.run(self.client.run_batch(tasks, timeout_s=self.timeout_s))
@@ -217,7 +243,7 @@ class FarmRollout:
         samples = [self.sample(t, r) for t, r in zip(tasks, rollouts)]
         metrics = batch_metrics(tasks, rollouts, samples, self.version, wall)
         batch = Batch(tasks, rollouts, samples, metrics)
-        self.batches = (self.batches + [batch])[-self.keep_batches:]
+        self.batches = (self.batches + [batch])[-self.keep_batches :]
         log.info("rollouts v%d: %s", self.version, _summary(metrics))
         return batch
 
@@ -225,27 +251,52 @@ class FarmRollout:
         agent = task.agent_ref.name
         trace = rollout.trace
         if rollout.ok and (not rollout.trainable or trace is None):
-            raise ConfigError(f"agent {agent!r} sent a rollout without token ids (task {task.task_id}): rollouts "
-                              "from policy_kind chat/responses carry no token ids; train with policy_kind tokens "
-                              "against vLLM")
+            raise ConfigError(
+                f"agent {agent!r} sent a rollout without token ids (task {task.task_id}): rollouts "
+                "from policy_kind chat/responses carry no token ids; train with policy_kind tokens "
+                "against vLLM"
+            )
         usable = rollout.ok and rollout.reward is not None and trace is not None and len(trace.completion_ids) > 0
         if usable:
-            return Sample(list(trace.prompt()), list(trace.completion()), list(trace.completion_logprobs()),
-                          trace.mask(), float(rollout.reward), rollout.status.value, agent, rollout.policy_version)
+            return Sample(
+                list(trace.prompt()),
+                list(trace.completion()),
+                list(trace.completion_logprobs()),
+                trace.mask(),
+                float(rollout.reward),
+                rollout.status.value,
+                agent,
+                rollout.policy_version,
+            )
         if rollout.ok:  # answered, but nothing to learn from: no tokens or no reward
-            log.warning("rollout %s (%s) is ok but has %s; masked", task.task_id, agent,
-                        "no reward" if rollout.reward is None else "no sampled tokens")
+            log.warning(
+                "rollout %s (%s) is ok but has %s; masked",
+                task.task_id,
+                agent,
+                "no reward" if rollout.reward is None else "no sampled tokens",
+            )
         eos = self.tokenizer.eos_token_id
         prompt = list(trace.prompt()) if trace is not None and trace.prompt_ids else self._placeholder_prompt(task.row)
         # One placeholder token, masked: TRL needs a non-empty completion; the loss never sees it.
-        return Sample(prompt, [eos], [0.0], [0], None,
-                      rollout.error.kind if rollout.error else "empty_completion", agent, rollout.policy_version)
+        return Sample(
+            prompt,
+            [eos],
+            [0.0],
+            [0],
+            None,
+            rollout.error.kind if rollout.error else "empty_completion",
+            agent,
+            rollout.policy_version,
+        )
 
     def _placeholder_prompt(self, row: dict) -> list[int]:
         params = row.get("responses_create_params") or {}
         items = params.get("input") if isinstance(params, dict) else None
-        text = items if isinstance(items, str) else " ".join(
-            str(m.get("content", "")) for m in items or [] if isinstance(m, dict))
+        text = (
+            items
+            if isinstance(items, str)
+            else " ".join(str(m.get("content", "")) for m in items or [] if isinstance(m, dict))
+        )
         ids = self.tokenizer(text or " ", add_special_tokens=False)["input_ids"][:64]
         return ids or [self.tokenizer.eos_token_id]
 
@@ -258,11 +309,15 @@ class FarmRollout:
 
 def _summary(m: dict[str, float]) -> str:
     parts = [f"{int(m['farm/rollouts'])} rollouts in {m['farm/batch_wall_s']:.1f}s"]
-    parts += [f"{k.split('/')[2]} reward {v:.2f}±{m[k[:-4] + 'std']:.2f}"
-              for k, v in m.items() if k.startswith("farm/reward/") and k.endswith("/mean")]
+    parts += [
+        f"{k.split('/')[2]} reward {v:.2f}±{m[k[:-4] + 'std']:.2f}"
+        for k, v in m.items()
+        if k.startswith("farm/reward/") and k.endswith("/mean")
+    ]
     if m["farm/failed"]:
-        parts.append("failed " + ", ".join(f"{k.split('/')[-1]}={int(v)}" for k, v in m.items()
-                                           if k.startswith("farm/failed/")))
+        parts.append(
+            "failed " + ", ".join(f"{k.split('/')[-1]}={int(v)}" for k, v in m.items() if k.startswith("farm/failed/"))
+        )
     if "farm/latency_s/mean" in m:
         parts.append(f"latency {m['farm/latency_s/mean']:.2f}s, queue {m['farm/queue_wait_s/mean']:.2f}s")
     parts.append(f"tokens {int(m['farm/tokens/sampled'])} sampled/{int(m['farm/tokens/env'])} env")

@@ -46,8 +46,7 @@ def to_dataset(rows: list[dict]):
     """A datasets.Dataset whose `prompt` is each whole row as JSON (as in TRL's NeMo Gym example)."""
     from datasets import Dataset
 
-    return Dataset.from_dict({"prompt": [json.dumps(r) for r in rows],
-                              "agent": [r["agent_ref"]["name"] for r in rows]})
+    return Dataset.from_dict({"prompt": [json.dumps(r) for r in rows], "agent": [r["agent_ref"]["name"] for r in rows]})
 
 
 def _callback_base():
@@ -59,8 +58,14 @@ def _callback_base():
 class WeightSyncCallback(_callback_base()):
     """Every K optimizer steps: push the weights to the servers, then bump the policy version."""
 
-    def __init__(self, rollout: FarmRollout, sync: WeightSync, every: int, redis_url: Optional[str] = None,
-                 namespace: str = "farm"):
+    def __init__(
+        self,
+        rollout: FarmRollout,
+        sync: WeightSync,
+        every: int,
+        redis_url: Optional[str] = None,
+        namespace: str = "farm",
+    ):
         self.rollout, self.sync, self.every = rollout, sync, every
         self.redis_url, self.namespace = redis_url, namespace
         self.trainer = None
@@ -73,8 +78,9 @@ class WeightSyncCallback(_callback_base()):
         version = self.rollout.version + 1
         t0 = time.perf_counter()
         if accelerator.is_main_process:
-            result = self.sync.sync(accelerator.unwrap_model(self.trainer.model), self.trainer.processing_class,
-                                    version)
+            result = self.sync.sync(
+                accelerator.unwrap_model(self.trainer.model), self.trainer.processing_class, version
+            )
             self.syncs.append(result)
             self._publish(version)
         accelerator.wait_for_everyone()  # no rank submits tasks of the new version before its weights are live
@@ -109,13 +115,24 @@ class ConsoleMetrics(_callback_base()):
             return
         keep = {k: v for k, v in logs.items() if k.startswith(("farm/", "reward", "loss", "rewards/", "kl"))}
         if keep:
-            print(f"[train] step {state.global_step}: " + ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(keep.items())), flush=True)
+            print(
+                f"[train] step {state.global_step}: "
+                + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(keep.items())),
+                flush=True,
+            )
 
 
-def build_trainer(settings: Settings, cfg: TrainConfig, *, reward_funcs: Optional[list] = None,
-                  weight_sync: Optional[WeightSync] = None, model=None, tokenizer=None, callbacks: Sequence = (),
-                  **grpo_overrides):
+def build_trainer(
+    settings: Settings,
+    cfg: TrainConfig,
+    *,
+    reward_funcs: Optional[list] = None,
+    weight_sync: Optional[WeightSync] = None,
+    model=None,
+    tokenizer=None,
+    callbacks: Sequence = (),
+    **grpo_overrides,
+):
     """The GRPOTrainer, its FarmRollout and its WeightSyncCallback, ready to `.train()`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -134,18 +151,32 @@ def build_trainer(settings: Settings, cfg: TrainConfig, *, reward_funcs: Optiona
     run_id = cfg.run_id or f"{cfg.task}-{uuid.uuid4().hex[:8]}"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one result stream per rank: readers delete what they read
         run_id += f"-r{os.environ.get('RANK', '0')}"
-    rollout = FarmRollout(settings, tokenizer=tokenizer, run_id=run_id, timeout_s=cfg.rollout_timeout_s,
-                          num_generations=cfg.num_generations)
+    rollout = FarmRollout(
+        settings,
+        tokenizer=tokenizer,
+        run_id=run_id,
+        timeout_s=cfg.rollout_timeout_s,
+        num_generations=cfg.num_generations,
+    )
     if weight_sync is None:
         urls = cfg.sync_urls or list(settings.policy_urls)
         weight_sync = VllmReload(urls, cfg.weights_path) if cfg.weight_sync == "reload" and urls else NoSync()
         if cfg.weight_sync == "reload" and not urls:
-            log.warning("weight_sync is 'reload' but no policy_urls/sync_urls are set: the servers keep "
-                        "their weights; only the policy version advances")
+            log.warning(
+                "weight_sync is 'reload' but no policy_urls/sync_urls are set: the servers keep "
+                "their weights; only the policy version advances"
+            )
     sync_cb = WeightSyncCallback(rollout, weight_sync, cfg.weight_sync_steps, settings.redis_url, settings.namespace)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs or [env_reward], args=args, train_dataset=train_ds,
-                          eval_dataset=eval_ds, processing_class=tokenizer, rollout_func=rollout,
-                          callbacks=[sync_cb, ConsoleMetrics(), *callbacks])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs or [env_reward],
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        rollout_func=rollout,
+        callbacks=[sync_cb, ConsoleMetrics(), *callbacks],
+    )
     sync_cb.trainer = trainer
     return trainer, rollout, sync_cb
 
@@ -158,8 +189,12 @@ def run_train(settings: Settings, cfg: TrainConfig) -> dict:
         trainer.save_model(cfg.output_dir)
     finally:
         rollout.close()
-    summary = {"global_step": trainer.state.global_step, "train_loss": out.training_loss,
-               "policy_version": rollout.version, "syncs": len(sync_cb.syncs)}
+    summary = {
+        "global_step": trainer.state.global_step,
+        "train_loss": out.training_loss,
+        "policy_version": rollout.version,
+        "syncs": len(sync_cb.syncs),
+    }
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / "farm_summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -88,8 +88,13 @@ class VllmReload:
         result = SyncResult(version=version, save_s=t1 - t0, reload_s=t2 - t1, path=str(path))
         self.history.append(result)
         self._prune(version)
-        log.info("policy v%d live on %d server(s): save %.1fs, reload %.1fs", version, len(self.urls),
-                 result.save_s, result.reload_s)
+        log.info(
+            "policy v%d live on %d server(s): save %.1fs, reload %.1fs",
+            version,
+            len(self.urls),
+            result.save_s,
+            result.reload_s,
+        )
         return result
 
     def _reload(self, base: str, path: str) -> None:

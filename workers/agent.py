@@ -56,8 +56,10 @@ def load_agent(name: str, settings: Settings, impl: str | None = None) -> Agent:
     if impl is None and (name in settings.agents or name in available_envs()):
         return policy_agent(name, settings)
     envs = sorted(available_envs())
-    raise UnknownAgent(f"unknown agent {key!r}; agents: {', '.join(sorted(agents))}; "
-                       f"configured: {', '.join(sorted(settings.agents)) or 'none'}; environments: {', '.join(envs) or 'none'}")
+    raise UnknownAgent(
+        f"unknown agent {key!r}; agents: {', '.join(sorted(agents))}; "
+        f"configured: {', '.join(sorted(settings.agents)) or 'none'}; environments: {', '.join(envs) or 'none'}"
+    )
 
 
 def policy_agent(name: str, settings: Settings) -> Agent:
@@ -78,8 +80,10 @@ def policy_agent(name: str, settings: Settings) -> Agent:
         sampling = {**loop_settings.sampling, **cfg.sampling}
         loop_settings = dataclasses.replace(loop_settings, sampling=sampling, **changes)
     if not settings.policy_urls:
-        raise ConfigError(f"agent {name!r} calls a policy: set policy_urls (FARM_POLICY_URLS), "
-                          "e.g. to the URL `farm policy serve` prints")
+        raise ConfigError(
+            f"agent {name!r} calls a policy: set policy_urls (FARM_POLICY_URLS), "
+            "e.g. to the URL `farm policy serve` prints"
+        )
     if settings.policy_kind != "tokens":  # text through the openai client: no tokenizer, no token ids
         from workers.hosted import HostedAgent
 
@@ -87,12 +91,19 @@ def policy_agent(name: str, settings: Settings) -> Agent:
     try:
         tokenizer = ChatTokenizer(settings.tokenizer_path)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load the tokenizer from {settings.tokenizer_path}: {exc} "
-                          "(set policy_tokenizer, or run `farm policy prepare`)") from None
-    policy = PolicyClient(PolicyConfig(urls=list(settings.policy_urls), model=settings.policy_model,
-                                       timeout_s=settings.policy_timeout_s,
-                                       retry_budget_s=settings.policy_retry_budget_s,
-                                       max_connections=max(8, settings.concurrency)))
+        raise ConfigError(
+            f"cannot load the tokenizer from {settings.tokenizer_path}: {exc} "
+            "(set policy_tokenizer, or run `farm policy prepare`)"
+        ) from None
+    policy = PolicyClient(
+        PolicyConfig(
+            urls=list(settings.policy_urls),
+            model=settings.policy_model,
+            timeout_s=settings.policy_timeout_s,
+            retry_budget_s=settings.policy_retry_budget_s,
+            max_connections=max(8, settings.concurrency),
+        )
+    )
     return PolicyAgent(env, policy, tokenizer, loop_settings)
 
 

@@ -39,15 +39,15 @@ import msgspec
 
 log = logging.getLogger("farm.chat")
 _fast_json = msgspec.json.Encoder().encode
-PREFIX_CACHE_SIZE = 256      # distinct (system prompt, tools) prefixes kept per tokenizer
-CHECKED_FRAMES = 8           # uses of each frame checked against the full render
+PREFIX_CACHE_SIZE = 256  # distinct (system prompt, tools) prefixes kept per tokenizer
+CHECKED_FRAMES = 8  # uses of each frame checked against the full render
 _SLOT = "\x00farm-slot-{}\x00"
 
 TOOL_SYSTEM = (
     "You may call one or more functions to assist with the user query. The functions are described "
     "as JSON schemas within <tools></tools>:\n<tools>\n{schemas}\n</tools>\n"
     "For each call, answer with a JSON object holding the function name and its arguments within "
-    "<tool_call></tool_call> tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-object>}}\n</tool_call>"
+    '<tool_call></tool_call> tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-object>}}\n</tool_call>'
 )
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -146,8 +146,16 @@ class ChatTokenizer:
     @cached_property
     def native_tools(self) -> bool:
         probe = [{"role": "user", "content": "x"}]
-        tool = [{"type": "function", "function": {"name": "probe_tool", "description": "d",
-                                                   "parameters": {"type": "object", "properties": {}}}}]
+        tool = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "probe_tool",
+                    "description": "d",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+            }
+        ]
         return "probe_tool" in self._render(probe, tool, True)
 
     def _render(self, messages: list[dict], tools: Optional[list[dict]], gen: bool) -> str:
@@ -197,10 +205,11 @@ class ChatTokenizer:
         cached = self._prefixes[key]
         if cached is None or not text.startswith(cached[0]):
             return self.encode(text)
-        return cached[1] + self.encode(text[len(cached[0]):])
+        return cached[1] + self.encode(text[len(cached[0]) :])
 
-    def _split_prefix(self, system: list[dict], tools: Optional[list[dict]],
-                      text: str) -> Optional[tuple[str, list[int]]]:
+    def _split_prefix(
+        self, system: list[dict], tools: Optional[list[dict]], text: str
+    ) -> Optional[tuple[str, list[int]]]:
         """The prefix text up to its last special token and that text's ids, if splitting there is exact."""
         rendered = self._render(system, tools, False)
         cut = max((rendered.rfind(t) + len(t) for t in self._specials if t in rendered), default=-1)
@@ -227,8 +236,12 @@ class ChatTokenizer:
         def render(contents: list[str]) -> str:
             return self._appended(near, tools, [{**m, "content": c} for m, c in zip(new, contents)])
 
-        key = ("append", tuple(m.get("role") for m in near), _fast_json(tools) if tools else None,
-               tuple(m.get("role") for m in new))
+        key = (
+            "append",
+            tuple(m.get("role") for m in near),
+            _fast_json(tools) if tools else None,
+            tuple(m.get("role") for m in new),
+        )
         return self.encode(self._framed(key, render, new, lambda: self._appended(history, tools, new)))
 
     def _framed(self, key: tuple, render, messages: list[dict], full=None) -> str:
@@ -263,8 +276,10 @@ class ChatTokenizer:
             expected = full()
             if expected != text:
                 self._frames[key] = None
-                log.warning("chat template renders this conversation shape differently from its frame; "
-                            "rendering it whole from now on")
+                log.warning(
+                    "chat template renders this conversation shape differently from its frame; "
+                    "rendering it whole from now on"
+                )
                 return expected
         return text
 
@@ -276,7 +291,7 @@ class ChatTokenizer:
         cut = before.rfind(self.eos)
         if cut < 0:
             raise ValueError(f"rendered assistant turn lacks the EOS token {self.eos!r}")
-        return before[cut + len(self.eos):] + after[len(before):]
+        return before[cut + len(self.eos) :] + after[len(before) :]
 
 
 def _plain(content: Any) -> bool:

@@ -33,7 +33,7 @@ def read_row(env: Environment, row: dict) -> tuple[Any, dict, list[dict], list[s
     try:
         typed = env.check_row(row)
         messages = input_messages(params)
-    except ValueError as exc:   # RowError included
+    except ValueError as exc:  # RowError included
         raise RolloutFailure(ErrorKind.malformed, str(exc)) from None
     followups = [m if isinstance(m, str) else m.get("content", "") for m in row.get("follow_up_messages", [])]
     return typed, params, messages, followups
@@ -43,15 +43,22 @@ def sampling_for(task: Task, overrides: dict[str, Any]) -> dict[str, Any]:
     """The task's sampling with the environment's overrides; the task's max_tokens (the trainer's
     max_completion_length) caps theirs."""
     s = task.sampling
-    out = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed,
-           "stop": s.stop, **overrides}
+    out = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_tokens": s.max_tokens,
+        "seed": s.seed,
+        "stop": s.stop,
+        **overrides,
+    }
     if s.max_tokens is not None and out.get("max_tokens") is not None:
         out["max_tokens"] = min(int(out["max_tokens"]), s.max_tokens)
     return out
 
 
-async def call_tool(tools: dict[str, Tool], name: str, arguments: dict, state: Any, timeout_s: float,
-                    metrics: dict) -> str:
+async def call_tool(
+    tools: dict[str, Tool], name: str, arguments: dict, state: Any, timeout_s: float, metrics: dict
+) -> str:
     """The tool's result as text, or an `Error: ...` text the model can read and react to."""
     tool = tools.get(name)
     if tool is None:
@@ -71,18 +78,38 @@ async def call_tool(tools: dict[str, Tool], name: str, arguments: dict, state: A
     return value if isinstance(value, str) else json.dumps(value)
 
 
-async def run_call(call: ToolCall | BadToolCall, tools: dict[str, Tool], state: Any, timeout_s: float,
-                   output: list, calls_made: list, metrics: dict) -> str:
+async def run_call(
+    call: ToolCall | BadToolCall,
+    tools: dict[str, Tool],
+    state: Any,
+    timeout_s: float,
+    output: list,
+    calls_made: list,
+    metrics: dict,
+) -> str:
     """One parsed call: recorded as output items (call and result) and in the metrics; the result text."""
     if isinstance(call, BadToolCall):
         metrics["bad_tool_calls"] += 1
         result = f"Error: {call.error}"
-        output.append({"type": "function_call", "call_id": call.call_id, "name": "", "arguments": call.raw,
-                       "status": "incomplete"})
+        output.append(
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": "",
+                "arguments": call.raw,
+                "status": "incomplete",
+            }
+        )
     else:
         metrics["tool_calls"] += 1
-        output.append({"type": "function_call", "call_id": call.call_id, "name": call.name,
-                       "arguments": json.dumps(call.arguments)})
+        output.append(
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": json.dumps(call.arguments),
+            }
+        )
         calls_made.append({"name": call.name, "arguments": call.arguments})
         result = await call_tool(tools, call.name, call.arguments, state, timeout_s, metrics)
     output.append({"type": "function_call_output", "call_id": call.call_id, "output": result})
@@ -101,14 +128,30 @@ async def verify(env: Environment, row: Any, state: Any, transcript: Transcript,
         raise RolloutFailure(ErrorKind.verifier, f"verifier raised {type(exc).__name__}: {exc}") from None
 
 
-async def scored(env: Environment, task: Task, row: Any, state: Any, transcript: Transcript, timeout_s: float,
-                 metrics: dict, timings: Timings, **fields: Any) -> Rollout:
+async def scored(
+    env: Environment,
+    task: Task,
+    row: Any,
+    state: Any,
+    transcript: Transcript,
+    timeout_s: float,
+    metrics: dict,
+    timings: Timings,
+    **fields: Any,
+) -> Rollout:
     """The verifier's verdict on the transcript (`row`: the typed row), as the task's rollout
     (`fields`: the trace and such)."""
     start = time.perf_counter()
     verdict = await verify(env, row, state, transcript, timeout_s)
     timings.verify_s = time.perf_counter() - start
     metrics.update(verdict.metrics)
-    return Rollout.for_task(task, status=Status.truncated if transcript.truncated else Status.ok,
-                            reward=verdict.reward, reward_components=verdict.components, metrics=metrics,
-                            output=transcript.output, timings=timings, **fields)
+    return Rollout.for_task(
+        task,
+        status=Status.truncated if transcript.truncated else Status.ok,
+        reward=verdict.reward,
+        reward_components=verdict.components,
+        metrics=metrics,
+        output=transcript.output,
+        timings=timings,
+        **fields,
+    )

@@ -28,8 +28,8 @@ from envs.sdk import AgentSettings, Environment, Tool, Transcript
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings
 from farm.settings import Settings
-from workers.context import AgentContext
 from workers.chat import TOOL_SYSTEM, BadToolCall, ToolCall, chat_tools, parse_tool_calls
+from workers.context import AgentContext
 from workers.env_calls import read_row, run_call, sampling_for, scored
 from workers.openai_pool import ContextOverflow, Replicas
 
@@ -37,11 +37,21 @@ if TYPE_CHECKING:
     import openai
 
 Call = Union[ToolCall, BadToolCall]
-_CHAT_ARGS = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_tokens", "seed": "seed",
-              "stop": "stop"}
+_CHAT_ARGS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "max_tokens": "max_tokens",
+    "seed": "seed",
+    "stop": "stop",
+}
 # The Responses API has no seed or stop; the rest of an environment's extras go in extra_body.
-_RESPONSES_ARGS = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_output_tokens",
-                   "seed": None, "stop": None}
+_RESPONSES_ARGS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "max_tokens": "max_output_tokens",
+    "seed": None,
+    "stop": None,
+}
 
 
 @dataclass
@@ -49,7 +59,7 @@ class Turn:
     text: str
     calls: list[Call]
     truncated: bool
-    usage: Optional[tuple[int, int]]   # prompt and completion tokens, when the server reports them
+    usage: Optional[tuple[int, int]]  # prompt and completion tokens, when the server reports them
 
 
 def native_call(call_id: str, name: str, arguments: Optional[str]) -> Call:
@@ -110,8 +120,11 @@ class ChatConversation:
         calls = [native_call(tc.id, tc.function.name, tc.function.arguments) for tc in native]
         self._reply = {"role": "assistant", "content": text}
         if native:
-            self._reply = {"role": "assistant", "content": choice.message.content,
-                           "tool_calls": [tc.model_dump(exclude_none=True) for tc in native]}
+            self._reply = {
+                "role": "assistant",
+                "content": choice.message.content,
+                "tool_calls": [tc.model_dump(exclude_none=True) for tc in native],
+            }
         usage = (resp.usage.prompt_tokens, resp.usage.completion_tokens) if resp.usage else None
         return Turn(text, calls or parse_tool_calls(text, step), choice.finish_reason == "length", usage)
 
@@ -145,8 +158,12 @@ class ResponsesConversation:
         self._reply = [o.model_dump(exclude_none=True) for o in resp.output]
         reason = getattr(resp.incomplete_details, "reason", None)
         usage = (resp.usage.input_tokens, resp.usage.output_tokens) if resp.usage else None
-        return Turn(text, calls or parse_tool_calls(text, step),
-                    resp.status == "incomplete" and reason == "max_output_tokens", usage)
+        return Turn(
+            text,
+            calls or parse_tool_calls(text, step),
+            resp.status == "incomplete" and reason == "max_output_tokens",
+            usage,
+        )
 
     def add_reply(self) -> None:
         self.items += self._reply
@@ -162,8 +179,13 @@ Conversation = Union[ChatConversation, ResponsesConversation]
 
 
 class HostedAgent:
-    def __init__(self, env: Environment, settings: Settings, loop_settings: Optional[AgentSettings] = None,
-                 replicas: Optional[Replicas] = None):
+    def __init__(
+        self,
+        env: Environment,
+        settings: Settings,
+        loop_settings: Optional[AgentSettings] = None,
+        replicas: Optional[Replicas] = None,
+    ):
         if settings.policy_kind not in ("chat", "responses"):
             raise ValueError(f"HostedAgent serves policy_kind chat or responses, not {settings.policy_kind!r}")
         self.env = env
@@ -195,7 +217,7 @@ class HostedAgent:
         output: list[dict] = []
         calls_made: list[dict] = []
         metrics: dict[str, Any] = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0}
-        tokens: Optional[list[int]] = None   # prompt, completion: summed when the server reports usage
+        tokens: Optional[list[int]] = None  # prompt, completion: summed when the server reports usage
         timings = Timings()
         truncated = False
         final_text = ""
@@ -213,8 +235,9 @@ class HostedAgent:
                 tokens = [a + (b or 0) for a, b in zip(tokens or [0, 0], turn.usage)]
             final_text = turn.text
             if turn.text or not turn.calls or loop == "single_turn":
-                output.append({"type": "message", "role": "assistant",
-                               "content": [{"type": "output_text", "text": turn.text}]})
+                output.append(
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": turn.text}]}
+                )
             if turn.truncated:
                 truncated = True
                 break
@@ -238,11 +261,22 @@ class HostedAgent:
         if tokens is not None:
             metrics.update(prompt_tokens=tokens[0], completion_tokens=tokens[1])
         transcript = Transcript(final_text=final_text, output=output, tool_calls=calls_made, truncated=truncated)
-        return await scored(self.env, task, row, state, transcript, self.settings.verify_timeout_s, metrics, timings,
-                            trace=None, trainable=False)
+        return await scored(
+            self.env,
+            task,
+            row,
+            state,
+            transcript,
+            self.settings.verify_timeout_s,
+            metrics,
+            timings,
+            trace=None,
+            trainable=False,
+        )
 
-    async def _run_tools(self, calls: list[Call], state: Any, convo: Conversation, output: list,
-                         calls_made: list, metrics: dict) -> None:
+    async def _run_tools(
+        self, calls: list[Call], state: Any, convo: Conversation, output: list, calls_made: list, metrics: dict
+    ) -> None:
         """Run each call; every result (or error) goes back to the model and into the output items."""
         for call in calls:
             result = await run_call(call, self.tools, state, self.settings.tool_timeout_s, output, calls_made, metrics)

@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from envs.sdk import AgentSettings, Environment, Tool, Transcript
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings, TokenTrace
-from envs.sdk import AgentSettings, Environment, Tool, Transcript
+from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
 from workers.context import AgentContext
 from workers.env_calls import read_row, run_call, sampling_for, scored
-from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
 from workers.policy import ContextOverflow, PolicyClient, Session
 
 
@@ -35,7 +35,7 @@ class Episode:
     history: list[dict]
     template_tools: Any
     followups: list[str]
-    row: Any                 # the environment's typed Row
+    row: Any  # the environment's typed Row
     state: Any
     sampling: dict
     prompt: list[int]
@@ -45,8 +45,7 @@ class Episode:
     turns: list[tuple[int, int]] = field(default_factory=list)
     output: list[dict] = field(default_factory=list)
     calls_made: list[dict] = field(default_factory=list)
-    metrics: dict = field(default_factory=lambda: {"turns": 0, "tool_calls": 0, "tool_errors": 0,
-                                                   "bad_tool_calls": 0})
+    metrics: dict = field(default_factory=lambda: {"turns": 0, "tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0})
     timings: Timings = field(default_factory=Timings)
     session: Session = field(default_factory=Session)
     truncated: bool = False
@@ -55,8 +54,9 @@ class Episode:
 
 
 class PolicyAgent:
-    def __init__(self, env: Environment, policy: PolicyClient, tokenizer: ChatTokenizer,
-                 settings: Optional[AgentSettings] = None):
+    def __init__(
+        self, env: Environment, policy: PolicyClient, tokenizer: ChatTokenizer, settings: Optional[AgentSettings] = None
+    ):
         self.env = env
         self.policy = policy
         self.tok = tokenizer
@@ -102,14 +102,20 @@ class PolicyAgent:
         row, params, messages, followups = read_row(self.env, task.row)
         schemas = chat_tools(params["tools"]) if params.get("tools") else self.schemas
         history, template_tools = self.tok.with_tools(messages, schemas)
-        return Episode(history=history, template_tools=template_tools, followups=followups,
-                       row=row, state=self.env.new_state(row), sampling=sampling_for(task, self.settings.sampling),
-                       prompt=self.tok.prompt_ids(history, template_tools))
+        return Episode(
+            history=history,
+            template_tools=template_tools,
+            followups=followups,
+            row=row,
+            state=self.env.new_state(row),
+            sampling=sampling_for(task, self.settings.sampling),
+            prompt=self.tok.prompt_ids(history, template_tools),
+        )
 
     async def _sample(self, ep: "Episode", step: int) -> Optional[str]:
         """One model turn appended to the trace; its text, or None when the rollout ends here."""
         request = ep.prompt + ep.ids
-        if ep.sent is not None and request[:len(ep.sent)] != ep.sent:
+        if ep.sent is not None and request[: len(ep.sent)] != ep.sent:
             raise RolloutFailure(ErrorKind.invariant, f"turn {step}: prompt does not extend the previous one")
         budget = await self.policy.max_model_len(ep.session)
         max_tokens = ep.sampling.get("max_tokens")
@@ -154,8 +160,9 @@ class PolicyAgent:
             ep.timings.tools_s += time.perf_counter() - t1
         if not new and self.settings.loop == "multi_turn" and ep.followups:
             new = [{"role": "user", "content": ep.followups.pop(0)}]
-            ep.output.append({"type": "message", "role": "user",
-                              "content": [{"type": "input_text", "text": new[0]["content"]}]})
+            ep.output.append(
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": new[0]["content"]}]}
+            )
         return new
 
     def _append_env(self, ep: "Episode", new: list[dict]) -> None:
@@ -174,15 +181,30 @@ class PolicyAgent:
             trace = TokenTrace.build(ep.prompt, ep.ids, ep.logprobs, ep.mask, ep.turns)
         except ValueError as exc:
             raise RolloutFailure(ErrorKind.invariant, str(exc)) from None
-        ep.metrics.update(prompt_tokens=len(ep.prompt), completion_tokens=sum(ep.mask),
-                          env_tokens=len(ep.mask) - sum(ep.mask), replica_moves=ep.session.moves)
-        transcript = Transcript(final_text=ep.final_text, output=ep.output, tool_calls=ep.calls_made,
-                                truncated=ep.truncated)
-        return await scored(self.env, task, ep.row, ep.state, transcript, self.settings.verify_timeout_s, ep.metrics,
-                            ep.timings, trace=trace)
+        ep.metrics.update(
+            prompt_tokens=len(ep.prompt),
+            completion_tokens=sum(ep.mask),
+            env_tokens=len(ep.mask) - sum(ep.mask),
+            replica_moves=ep.session.moves,
+        )
+        transcript = Transcript(
+            final_text=ep.final_text, output=ep.output, tool_calls=ep.calls_made, truncated=ep.truncated
+        )
+        return await scored(
+            self.env,
+            task,
+            ep.row,
+            ep.state,
+            transcript,
+            self.settings.verify_timeout_s,
+            ep.metrics,
+            ep.timings,
+            trace=trace,
+        )
 
-    async def _run_tools(self, text: str, step: int, state: Any, output: list, calls_made: list,
-                         metrics: dict) -> list[dict]:
+    async def _run_tools(
+        self, text: str, step: int, state: Any, output: list, calls_made: list, metrics: dict
+    ) -> list[dict]:
         """Run the tool calls in `text`; every result (or error) becomes a tool message."""
         results = []
         for call in parse_tool_calls(text, step):

@@ -39,9 +39,11 @@ class NoopAgent:
             trace = TokenTrace.build(range(16), [i % 32000 for i in range(n)], [-0.5] * n, [1] * n, [(0, n)])
         text = _prompt_text(task.row)
         return Rollout.for_task(
-            task, status=Status.ok, reward=float(spec.get("reward", 1.0)), trace=trace,
-            output=[{"type": "message", "role": "assistant",
-                     "content": [{"type": "output_text", "text": text}]}],
+            task,
+            status=Status.ok,
+            reward=float(spec.get("reward", 1.0)),
+            trace=trace,
+            output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}],
             metrics={"prompt_chars": len(text)},
         )
 

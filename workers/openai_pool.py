@@ -61,20 +61,26 @@ class Replicas:
         self.clients: list[Optional[openai.AsyncOpenAI]] = [None] * n
         self.outstanding = [0] * n
         self.failed_at = [float("-inf")] * n
-        self.prompted = [False] * n       # the server took no `tools`: describe them in the prompt
+        self.prompted = [False] * n  # the server took no `tools`: describe them in the prompt
         self._start = itertools.count()
 
     def pick(self) -> int:
         n, now, start = len(self.urls), time.monotonic(), next(self._start)
-        return min(((start + k) % n for k in range(n)),
-                   key=lambda i: (now - self.failed_at[i] < COOLDOWN_S, self.outstanding[i]))
+        return min(
+            ((start + k) % n for k in range(n)),
+            key=lambda i: (now - self.failed_at[i] < COOLDOWN_S, self.outstanding[i]),
+        )
 
     def client(self, i: int) -> openai.AsyncOpenAI:
         if self.clients[i] is None:
             s = self.settings
-            self.clients[i] = openai.AsyncOpenAI(base_url=self.urls[i], api_key=s.policy_api_key or "EMPTY",
-                                                 timeout=s.policy_timeout_s, max_retries=s.policy_max_retries,
-                                                 http_client=_http_client(max(8, s.concurrency)))
+            self.clients[i] = openai.AsyncOpenAI(
+                base_url=self.urls[i],
+                api_key=s.policy_api_key or "EMPTY",
+                timeout=s.policy_timeout_s,
+                max_retries=s.policy_max_retries,
+                http_client=_http_client(max(8, s.concurrency)),
+            )
         return self.clients[i]
 
     async def ask(self, i: int, convo: Conversation, sampling: dict, step: int) -> Turn:
@@ -88,8 +94,11 @@ class Replicas:
                 if _NO_TOOL_PARSER not in _server_message(exc) or not convo.tools:
                     raise
                 if not self.prompted[i]:
-                    log.warning("the policy at %s takes no tools (no --enable-auto-tool-choice); "
-                                "describing them in the system prompt", self.urls[i])
+                    log.warning(
+                        "the policy at %s takes no tools (no --enable-auto-tool-choice); "
+                        "describing them in the system prompt",
+                        self.urls[i],
+                    )
                 self.prompted[i] = True
                 convo.prompt_tools()
                 return await convo.turn(self.client(i), self.settings.policy_model, sampling, step)
@@ -117,8 +126,9 @@ class Replicas:
             retryable = True
         elif isinstance(exc, openai.APIStatusError):
             status, text = exc.status_code, _server_message(exc)
-            if status in (400, 413, 422) and (exc.code == "context_length_exceeded"
-                                              or any(m in text.lower() for m in _OVERFLOW)):
+            if status in (400, 413, 422) and (
+                exc.code == "context_length_exceeded" or any(m in text.lower() for m in _OVERFLOW)
+            ):
                 return ContextOverflow(self.scrub(text))
             retryable = status in (408, 409, 429) or status >= 500
             message = f"{where} answered HTTP {status}" + (f" ({tries})" if retryable else "") + f": {text}"
@@ -149,11 +159,13 @@ def _http_client(max_connections: int):
     """aiohttp under the openai client when this openai provides it; None: openai's own httpx pool."""
     factory = getattr(openai, "DefaultAioHttpClient", None)
     if factory is None:
-        log.warning("openai %s has no DefaultAioHttpClient; the policy client falls back to httpx's pool",
-                    openai.__version__)
+        log.warning(
+            "openai %s has no DefaultAioHttpClient; the policy client falls back to httpx's pool", openai.__version__
+        )
         return None
-    limits = type(openai.DEFAULT_CONNECTION_LIMITS)(max_connections=max_connections,
-                                                    max_keepalive_connections=max_connections)
+    limits = type(openai.DEFAULT_CONNECTION_LIMITS)(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
     try:
         return factory(limits=limits)
     except RuntimeError:  # openai without its aiohttp extra

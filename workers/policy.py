@@ -56,8 +56,16 @@ from farm.schema import ErrorKind
 from farm.transport import backoff_delay
 from workers.rotation import Replica, Rotation, Session, retry_after_s
 
-__all__ = ["Completion", "ContextOverflow", "PolicyClient", "PolicyConfig", "PolicyRejected", "PolicyUnavailable",
-           "Session", "retry_after_s"]
+__all__ = [
+    "Completion",
+    "ContextOverflow",
+    "PolicyClient",
+    "PolicyConfig",
+    "PolicyRejected",
+    "PolicyUnavailable",
+    "Session",
+    "retry_after_s",
+]
 
 log = logging.getLogger("farm.policy")
 
@@ -114,16 +122,16 @@ class Completion:
 class PolicyConfig:
     urls: list[str]
     model: str
-    timeout_s: float = 300.0          # one request
-    retry_budget_s: float = 120.0     # one model call, retries and waits for a replica included
+    timeout_s: float = 300.0  # one request
+    retry_budget_s: float = 120.0  # one model call, retries and waits for a replica included
     backoff_s: float = 0.5
     backoff_max_s: float = 8.0
-    unhealthy_after: int = 3          # consecutive errors before a replica leaves the rotation
-    probe_interval_s: float = 2.0     # how often replicas out of rotation are probed
-    health_interval_s: float = 15.0   # how often replicas in rotation are health-checked
-    max_connections: int = 64         # per replica: set it to the worker's concurrency
+    unhealthy_after: int = 3  # consecutive errors before a replica leaves the rotation
+    probe_interval_s: float = 2.0  # how often replicas out of rotation are probed
+    health_interval_s: float = 15.0  # how often replicas in rotation are health-checked
+    max_connections: int = 64  # per replica: set it to the worker's concurrency
     keepalive_s: float = 60.0
-    extra: dict[str, Any] = field(default_factory=dict)   # extra request fields for every call
+    extra: dict[str, Any] = field(default_factory=dict)  # extra request fields for every call
 
 
 class PolicyClient:
@@ -149,10 +157,15 @@ class PolicyClient:
 
     def _session(self, replica: Replica) -> aiohttp.ClientSession:
         if replica.session is None or replica.session.closed:
-            connector = aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0,
-                                             keepalive_timeout=self.config.keepalive_s, ttl_dns_cache=None)
-            replica.session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
-                                                    json_serialize=lambda o: _json_encode(o).decode())
+            connector = aiohttp.TCPConnector(
+                limit=self.config.max_connections,
+                limit_per_host=0,
+                keepalive_timeout=self.config.keepalive_s,
+                ttl_dns_cache=None,
+            )
+            replica.session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, json_serialize=lambda o: _json_encode(o).decode()
+            )
         return replica.session
 
     async def max_model_len(self, session: Session) -> Optional[int]:
@@ -170,8 +183,9 @@ class PolicyClient:
 
     async def _lookup_len(self, replica: Replica) -> Optional[int]:
         try:
-            async with self._session(replica).get(f"{replica.url}/v1/models",
-                                                  timeout=aiohttp.ClientTimeout(total=10.0)) as resp:
+            async with self._session(replica).get(
+                f"{replica.url}/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)
+            ) as resp:
                 data = await resp.json(content_type=None)
             for m in data.get("data", []):
                 if m.get("id") == self.config.model and m.get("max_model_len"):
@@ -182,10 +196,7 @@ class PolicyClient:
 
     # -- requests ----------------------------------------------------------------------
     async def complete(self, prompt_ids: list[int], sampling: dict[str, Any], session: Session) -> Completion:
-        body = {"model": self.config.model, "prompt": prompt_ids, "logprobs": 0,
-                "return_tokens_as_token_ids": True, "skip_special_tokens": False,
-                **self.config.extra, **{k: v for k, v in sampling.items() if v is not None}}
-        data = _json_encode(body)
+        data = self._request_body(prompt_ids, sampling)
         cfg = self.config
         self.rotation.ensure_monitor()
         deadline = time.monotonic() + cfg.retry_budget_s
@@ -218,7 +229,11 @@ class PolicyClient:
                 else:
                     continue
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                last = f"{replica.url}: {type(exc).__name__}: {exc}" if str(exc) else f"{replica.url}: {type(exc).__name__}"
+                last = (
+                    f"{replica.url}: {type(exc).__name__}: {exc}"
+                    if str(exc)
+                    else f"{replica.url}: {type(exc).__name__}"
+                )
                 self.rotation.failed(replica, last)
                 errors += 1
             else:
@@ -244,10 +259,32 @@ class PolicyClient:
                 break
             delay = backoff_delay(cfg.backoff_s, cfg.backoff_max_s, errors - 1)
             await asyncio.sleep(min(delay, left))
-        down = ", ".join(f"{r.url} ({r.last_error or 'cooling'})" for r in self.replicas if not r.ready(time.monotonic()))
-        raise PolicyUnavailable(f"no policy answer within the {cfg.retry_budget_s:g}s retry budget "
-                                f"(policy_retry_budget_s); last: {last or 'no replica could take work'}"
-                                + (f"; unavailable: {down}" if down else ""))
+        raise self._unavailable(last)
+
+    def _request_body(self, prompt_ids: list[int], sampling: dict[str, Any]) -> bytes:
+        """The /v1/completions request: token ids in, token ids and their logprobs out."""
+        return _json_encode(
+            {
+                "model": self.config.model,
+                "prompt": prompt_ids,
+                "logprobs": 0,
+                "return_tokens_as_token_ids": True,
+                "skip_special_tokens": False,
+                **self.config.extra,
+                **{k: v for k, v in sampling.items() if v is not None},
+            }
+        )
+
+    def _unavailable(self, last: str) -> PolicyUnavailable:
+        """The error of a request that ran out of retry budget: the last failure and the replicas down."""
+        down = ", ".join(
+            f"{r.url} ({r.last_error or 'cooling'})" for r in self.replicas if not r.ready(time.monotonic())
+        )
+        return PolicyUnavailable(
+            f"no policy answer within the {self.config.retry_budget_s:g}s retry budget "
+            f"(policy_retry_budget_s); last: {last or 'no replica could take work'}"
+            + (f"; unavailable: {down}" if down else "")
+        )
 
     @staticmethod
     def _parse(raw: bytes, url: str, latency: float) -> Completion:
@@ -259,8 +296,9 @@ class PolicyClient:
             if choice.token_ids is not None and choice.token_ids != ids:
                 raise ValueError("token_ids and logprob tokens disagree")
         except (msgspec.DecodeError, msgspec.ValidationError, IndexError, ValueError) as exc:
-            raise PolicyRejected(f"{url}: unreadable completion ({type(exc).__name__}: {exc}): "
-                                 f"{raw[:300].decode(errors='replace')}") from None
+            raise PolicyRejected(
+                f"{url}: unreadable completion ({type(exc).__name__}: {exc}): {raw[:300].decode(errors='replace')}"
+            ) from None
         if len(ids) != len(logprobs):
             raise PolicyRejected(f"{url}: {len(ids)} token ids but {len(logprobs)} logprobs")
         return Completion(ids, logprobs, choice.text, choice.finish_reason or "", url, latency)
@@ -268,9 +306,10 @@ class PolicyClient:
     async def prompt_logprobs(self, ids: list[int], session: Session) -> list[Optional[float]]:
         """Logprob of each given token under the policy (None for the first): for re-scoring."""
         replica = self.rotation.pick(session) or self.replicas[0]
-        async with self._session(replica).post(f"{replica.url}/v1/completions", json={
-                "model": self.config.model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0,
-                "temperature": 1.0}) as resp:
+        async with self._session(replica).post(
+            f"{replica.url}/v1/completions",
+            json={"model": self.config.model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0},
+        ) as resp:
             resp.raise_for_status()
             entries = (await resp.json())["choices"][0]["prompt_logprobs"]
         out: list[Optional[float]] = []

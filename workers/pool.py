@@ -48,8 +48,15 @@ class RestartWindow:
         return backoff_delay(self.base_s, self.cap_s, n)
 
 
-def run_pool(cmd: list[str], processes: int, *, max_restarts: int = 5, window_s: float = 60.0,
-             base_s: float = 0.5, env: Optional[dict[str, str]] = None) -> int:
+def run_pool(
+    cmd: list[str],
+    processes: int,
+    *,
+    max_restarts: int = 5,
+    window_s: float = 60.0,
+    base_s: float = 0.5,
+    env: Optional[dict[str, str]] = None,
+) -> int:
     children: dict[int, Optional[subprocess.Popen]] = {i: subprocess.Popen(cmd, env=env) for i in range(processes)}
     due: dict[int, float] = {}  # slot -> when its restart is due
     window = RestartWindow(max_restarts, window_s, base_s)
@@ -92,16 +99,26 @@ def run_pool(cmd: list[str], processes: int, *, max_restarts: int = 5, window_s:
                 continue
             if code in NOT_RESTARTABLE:
                 codes.append(code)
-                stop_all(f"worker pid {c.pid} exited with {code} (a configuration problem; "
-                         "restarting would fail the same way)")
+                stop_all(
+                    f"worker pid {c.pid} exited with {code} (a configuration problem; "
+                    "restarting would fail the same way)"
+                )
                 continue
             delay = window.allow(now)
             if delay is None:
                 codes.append(code)
-                stop_all(f"worker pid {c.pid} exited with {code}; {max_restarts} restarts within "
-                         f"{window_s:g}s already (restart_max / restart_window_s)")
+                stop_all(
+                    f"worker pid {c.pid} exited with {code}; {max_restarts} restarts within "
+                    f"{window_s:g}s already (restart_max / restart_window_s)"
+                )
                 continue
-            log.warning("worker pid %d exited with %d; restarting in %.1fs (%d restarts in the last %gs)",
-                        c.pid, code, delay, window.recent(now), window_s)
+            log.warning(
+                "worker pid %d exited with %d; restarting in %.1fs (%d restarts in the last %gs)",
+                c.pid,
+                code,
+                delay,
+                window.recent(now),
+                window_s,
+            )
             due[slot] = now + delay
     return max((abs(c) for c in codes), default=0)

@@ -41,12 +41,12 @@ log = logging.getLogger("farm.policy")
 class Replica:
     url: str
     outstanding: int = 0
-    healthy: bool = True       # in rotation
-    cool_until: float = 0.0    # monotonic time before which it takes no request (429/503)
-    cooldowns: int = 0         # consecutive 429/503 answers (for the backoff without Retry-After)
-    errors: int = 0            # consecutive failures
+    healthy: bool = True  # in rotation
+    cool_until: float = 0.0  # monotonic time before which it takes no request (429/503)
+    cooldowns: int = 0  # consecutive 429/503 answers (for the backoff without Retry-After)
+    errors: int = 0  # consecutive failures
     served: int = 0
-    last_ok: float = 0.0       # monotonic time of the last good answer
+    last_ok: float = 0.0  # monotonic time of the last good answer
     last_error: str = ""
     session: Optional[aiohttp.ClientSession] = None
 
@@ -166,13 +166,17 @@ class Rotation:
 
     def cool(self, replica: Replica, status: int, retry_after: Optional[float]) -> None:
         replica.cooldowns += 1
-        delay = retry_after if retry_after is not None else backoff_delay(
-            self.config.backoff_s, self.config.backoff_max_s, replica.cooldowns - 1)
+        delay = (
+            retry_after
+            if retry_after is not None
+            else backoff_delay(self.config.backoff_s, self.config.backoff_max_s, replica.cooldowns - 1)
+        )
         until = time.monotonic() + delay
         if until > replica.cool_until:
             if replica.cool_until <= time.monotonic():
-                log.warning("policy replica %s answered HTTP %d: no requests to it for %.1fs",
-                            replica.url, status, delay)
+                log.warning(
+                    "policy replica %s answered HTTP %d: no requests to it for %.1fs", replica.url, status, delay
+                )
             replica.cool_until = until
         replica.last_error = f"HTTP {status}"
         self._refresh()
@@ -203,8 +207,9 @@ class Rotation:
 
     async def _alive(self, r: Replica) -> bool:
         if self._health is None or self._health.closed:
-            self._health = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8),
-                                                 timeout=aiohttp.ClientTimeout(total=5.0))
+            self._health = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=8), timeout=aiohttp.ClientTimeout(total=5.0)
+            )
         try:
             async with self._health.get(f"{r.url}/health") as resp:
                 return resp.status == 200

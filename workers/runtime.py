@@ -40,7 +40,15 @@ import msgspec
 
 from farm import schema
 from farm.connection import connect
-from farm.errors import ConfigError, FarmError, RedisAuthError, RedisUnavailable, RolloutFailure, SchemaError, TransportError
+from farm.errors import (
+    ConfigError,
+    FarmError,
+    RedisAuthError,
+    RedisUnavailable,
+    RolloutFailure,
+    SchemaError,
+    TransportError,
+)
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
@@ -58,10 +66,12 @@ def raise_open_files(concurrency: int) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = concurrency + FILES_RESERVED
     if hard != resource.RLIM_INFINITY and need > hard:
-        raise ConfigError(f"concurrency {concurrency} needs about {need} open files (one connection per loop), "
-                          f"but this process may open at most {hard} (hard RLIMIT_NOFILE): raise it "
-                          f"(`ulimit -Hn`, LimitNOFILE in systemd, ulimits in Docker/Kubernetes) or lower "
-                          f"--concurrency to {max(1, hard - FILES_RESERVED)}")
+        raise ConfigError(
+            f"concurrency {concurrency} needs about {need} open files (one connection per loop), "
+            f"but this process may open at most {hard} (hard RLIMIT_NOFILE): raise it "
+            f"(`ulimit -Hn`, LimitNOFILE in systemd, ulimits in Docker/Kubernetes) or lower "
+            f"--concurrency to {max(1, hard - FILES_RESERVED)}"
+        )
     target = need if hard == resource.RLIM_INFINITY else hard
     if soft != resource.RLIM_INFINITY and target > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
@@ -75,8 +85,15 @@ def new_worker_id(agent: str) -> str:
 
 
 class Worker:
-    def __init__(self, settings: Settings, agent_name: str, agent: Agent, *,
-                 concurrency: Optional[int] = None, worker_id: Optional[str] = None):
+    def __init__(
+        self,
+        settings: Settings,
+        agent_name: str,
+        agent: Agent,
+        *,
+        concurrency: Optional[int] = None,
+        worker_id: Optional[str] = None,
+    ):
         self.settings = settings
         self.agent_name = agent_name
         self.agent = agent
@@ -123,16 +140,21 @@ class Worker:
         raise_open_files(self.concurrency)
         s = self.settings
         if s.policy_urls and s.policy_retry_budget_s >= s.task_timeout_s:
-            log.warning("policy_retry_budget_s (%gs) is not shorter than task_timeout_s (%gs): an attempt times out "
-                        "(and is retried) while its model call still waits for a replica; lower the budget",
-                        s.policy_retry_budget_s, s.task_timeout_s)
+            log.warning(
+                "policy_retry_budget_s (%gs) is not shorter than task_timeout_s (%gs): an attempt times out "
+                "(and is retried) while its model call still waits for a replica; lower the budget",
+                s.policy_retry_budget_s,
+                s.task_timeout_s,
+            )
         self.r = connect(self.settings)
         self.stream = AgentStream(self.r, self.settings.keys, self.agent_name, self.worker_id, self.outage)
         await self.stream.setup()
         self.settler = Settler(self.r, self.outage)
         self.settler.start()
-        log.info("worker started", extra={"worker": self.worker_id, "agent": self.agent_name,
-                                          "concurrency": self.concurrency})
+        log.info(
+            "worker started",
+            extra={"worker": self.worker_id, "agent": self.agent_name, "concurrency": self.concurrency},
+        )
         maintenance = asyncio.create_task(self._maintenance(), name="maintenance")
         try:
             try:
@@ -150,8 +172,12 @@ class Worker:
             self._closed.set()
             await self._bounded(maintenance, "stopping maintenance")
             await self._bounded(self.settler.close(), "stopping the settler")
-            await self._bounded(self.outage.once(lambda: self.r.delete(self.settings.keys.worker(self.worker_id)),
-                                                 "removing the heartbeat"), "removing the heartbeat")
+            await self._bounded(
+                self.outage.once(
+                    lambda: self.r.delete(self.settings.keys.worker(self.worker_id)), "removing the heartbeat"
+                ),
+                "removing the heartbeat",
+            )
             await self._bounded(self.agent.aclose(), "closing the agent")
             await self._bounded(self.r.aclose(), "closing the connection")
             log.info("worker stopped", extra={"worker": self.worker_id, **self.counters})
@@ -170,8 +196,9 @@ class Worker:
         except FarmError:
             raise
         except Exception as exc:
-            raise ConfigError(f"agent {self.agent_name}: its environment's setup failed: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise ConfigError(
+                f"agent {self.agent_name}: its environment's setup failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def _bounded(self, aw, what: str, timeout_s: float = 5.0) -> None:
         try:
@@ -234,8 +261,9 @@ class Worker:
             log.info("draining %d in-flight rollouts (grace %.0fs)", len(self.inflight), self.settings.grace_period_s)
             waiter = asyncio.gather(*self.inflight.values(), return_exceptions=True)
             force = asyncio.create_task(self._wait_force())
-            await asyncio.wait([waiter, force], timeout=self.settings.grace_period_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [waiter, force], timeout=self.settings.grace_period_s, return_when=asyncio.FIRST_COMPLETED
+            )
             force.cancel()
         left = list(self.inflight)
         for t in self.inflight.values():
@@ -247,8 +275,9 @@ class Worker:
                 n = await asyncio.wait_for(self.stream.release(left, idle_ms), 5.0)
                 log.warning("handed %d unfinished tasks back to the group", n)
             except (TransportError, asyncio.TimeoutError) as exc:
-                log.warning("could not hand back %d tasks (%s); they are reclaimed after the visibility timeout",
-                            len(left), exc)
+                log.warning(
+                    "could not hand back %d tasks (%s); they are reclaimed after the visibility timeout", len(left), exc
+                )
 
     async def _wait_force(self) -> None:
         while not self._force:
@@ -260,7 +289,7 @@ class Worker:
             op = await self._outcome(entry_id, fields, deliveries, picked)
             settled = await self.settler.run(op)
             if settled in BAD_REPLY:
-                self.counters[op[2][2]] -= 1   # counted as the refused settle's stat; it becomes a dead letter
+                self.counters[op[2][2]] -= 1  # counted as the refused settle's stat; it becomes a dead letter
                 settled = await self.settler.run(self._bad_reply_op(entry_id, fields, deliveries, settled))
             if not settled:
                 self.counters["duplicate"] += 1
@@ -294,12 +323,18 @@ class Worker:
 
         attempt = task.attempt + deliveries - 1
         if attempt > s.max_attempts:
-            reason = (f"delivered {attempt} times without finishing (max_attempts={s.max_attempts}); "
-                      "the workers running it died or lost their lease")
+            reason = (
+                f"delivered {attempt} times without finishing (max_attempts={s.max_attempts}); "
+                "the workers running it died or lost their lease"
+            )
             return self._give_up(entry_id, fields, task, ErrorKind.max_attempts, reason, attempt, picked)
         if task.deadline is not None and picked > task.deadline:
-            rollout = self._stamp(Rollout.failure(task, ErrorKind.deadline, "deadline passed before the task started"),
-                                  task, attempt, picked)
+            rollout = self._stamp(
+                Rollout.failure(task, ErrorKind.deadline, "deadline passed before the task started"),
+                task,
+                attempt,
+                picked,
+            )
             self.counters["failed"] += 1
             return st.reply_op(entry_id, rollout, task.reply_to)
 
@@ -321,11 +356,13 @@ class Worker:
             if task.deadline is not None and time.time() >= task.deadline:
                 rollout = Rollout.failure(task, ErrorKind.deadline, f"task deadline passed after {limit:.1f}s")
             else:
-                return self._retry_or_give_up(entry_id, fields, task, attempt, ErrorKind.timeout,
-                                              f"attempt ran past {limit:.1f}s", picked)
+                return self._retry_or_give_up(
+                    entry_id, fields, task, attempt, ErrorKind.timeout, f"attempt ran past {limit:.1f}s", picked
+                )
         except Exception as exc:
-            return self._retry_or_give_up(entry_id, fields, task, attempt, ErrorKind.agent_error,
-                                          f"{type(exc).__name__}: {exc}", picked)
+            return self._retry_or_give_up(
+                entry_id, fields, task, attempt, ErrorKind.agent_error, f"{type(exc).__name__}: {exc}", picked
+            )
         rollout, fields = self._fit(self._stamp(rollout, task, attempt, picked), task)
         self.counters["done" if rollout.ok else "failed"] += 1
         return st.reply_op(entry_id, rollout, task.reply_to, fields)
@@ -338,9 +375,13 @@ class Worker:
             return rollout, fields
         reason = f"rollout is {size:,} bytes, over max_entry_bytes={self.settings.max_entry_bytes:,}"
         log.error("rollout too large", extra={"task_id": task.task_id, "reason": reason})
-        failed = msgspec.structs.replace(Rollout.failure(task, ErrorKind.too_large, reason), worker_id=rollout.worker_id,
-                                         attempt=rollout.attempt, timings=rollout.timings,
-                                         finished_at=rollout.finished_at)
+        failed = msgspec.structs.replace(
+            Rollout.failure(task, ErrorKind.too_large, reason),
+            worker_id=rollout.worker_id,
+            attempt=rollout.attempt,
+            timings=rollout.timings,
+            finished_at=rollout.finished_at,
+        )
         return failed, schema.entry(failed)
 
     def _bad_reply_op(self, entry_id: str, fields: dict, deliveries: int, code: int) -> tuple:
@@ -351,21 +392,32 @@ class Worker:
         log.error("dead-lettering task", extra={"entry": entry_id, "kind": "bad_reply_to", "reason": reason})
         return self.stream.dead_op(entry_id, fields, ErrorKind.bad_reply_to, reason, deliveries)
 
-    def _retry_or_give_up(self, entry_id: str, fields: dict, task: Task, attempt: int, kind: str,
-                          message: str, picked: float) -> tuple:
+    def _retry_or_give_up(
+        self, entry_id: str, fields: dict, task: Task, attempt: int, kind: str, message: str, picked: float
+    ) -> tuple:
         s = self.settings
         if attempt >= s.max_attempts:
-            return self._give_up(entry_id, fields, task, kind, f"failed {attempt} attempts; last: {message}",
-                                 attempt, picked)
+            return self._give_up(
+                entry_id, fields, task, kind, f"failed {attempt} attempts; last: {message}", attempt, picked
+            )
         delay = backoff_delay(s.retry_backoff_s, s.retry_backoff_max_s, attempt - 1)
         self.counters["retried"] += 1
-        log.info("retrying task", extra={"task_id": task.task_id, "attempt": attempt, "kind": str(kind),
-                                            "reason": message, "delay_s": round(delay, 3)})
+        log.info(
+            "retrying task",
+            extra={
+                "task_id": task.task_id,
+                "attempt": attempt,
+                "kind": str(kind),
+                "reason": message,
+                "delay_s": round(delay, 3),
+            },
+        )
         retry = msgspec.structs.replace(task, attempt=attempt + 1)
         return self.stream.retry_op(entry_id, retry, time.time() + delay)
 
-    def _give_up(self, entry_id: str, fields: dict, task: Task, kind: str, reason: str, attempt: int,
-                 picked: float) -> tuple:
+    def _give_up(
+        self, entry_id: str, fields: dict, task: Task, kind: str, reason: str, attempt: int, picked: float
+    ) -> tuple:
         self.counters["dead"] += 1
         log.error("dead-lettering task", extra={"task_id": task.task_id, "kind": str(kind), "reason": reason})
         rollout = self._stamp(Rollout.failure(task, kind, reason), task, attempt, picked)
@@ -381,10 +433,12 @@ class Worker:
 
     def _stamp(self, rollout: Rollout, task: Task, attempt: int, picked: float) -> Rollout:
         now = time.time()
-        timings = msgspec.structs.replace(rollout.timings, queue_wait_s=max(0.0, picked - task.created_at),
-                                          total_s=now - picked)
-        return msgspec.structs.replace(rollout, worker_id=self.worker_id, attempt=attempt, timings=timings,
-                                       finished_at=now)
+        timings = msgspec.structs.replace(
+            rollout.timings, queue_wait_s=max(0.0, picked - task.created_at), total_s=now - picked
+        )
+        return msgspec.structs.replace(
+            rollout, worker_id=self.worker_id, attempt=attempt, timings=timings, finished_at=now
+        )
 
     # -- background chores -------------------------------------------------------------
     async def _maintenance(self) -> None:
@@ -418,11 +472,20 @@ class Worker:
                 pass
 
     async def _heartbeat(self) -> None:
-        info = {"worker_id": self.worker_id, "agent": self.agent_name, "pid": os.getpid(),
-                "host": socket.gethostname(), "concurrency": self.concurrency, "inflight": len(self.inflight),
-                "started_at": self.started_at, "ts": time.time(), **self.counters}
-        await self.r.set(self.settings.keys.worker(self.worker_id), json.dumps(info),
-                         px=int(self.settings.heartbeat_ttl_s * 1000))
+        info = {
+            "worker_id": self.worker_id,
+            "agent": self.agent_name,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "concurrency": self.concurrency,
+            "inflight": len(self.inflight),
+            "started_at": self.started_at,
+            "ts": time.time(),
+            **self.counters,
+        }
+        await self.r.set(
+            self.settings.keys.worker(self.worker_id), json.dumps(info), px=int(self.settings.heartbeat_ttl_s * 1000)
+        )
 
 
 def dump_tasks() -> None:
@@ -435,8 +498,9 @@ def dump_tasks() -> None:
         log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
 
 
-async def run_worker(settings: Settings, agent_name: str, agent: Agent, *, concurrency: Optional[int] = None,
-                     handle_signals: bool = True) -> Counter:
+async def run_worker(
+    settings: Settings, agent_name: str, agent: Agent, *, concurrency: Optional[int] = None, handle_signals: bool = True
+) -> Counter:
     worker = Worker(settings, agent_name, agent, concurrency=concurrency)
     if handle_signals:
         worker.install_signal_handlers()

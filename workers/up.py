@@ -49,7 +49,7 @@ class Pool:
 def parse_up(path: str | os.PathLike) -> dict[str, Any]:
     """The `up:` section of a config file, checked; a ConfigError names what is wrong."""
     data = read_yaml_mapping(path)
-    section = data["farm"] if isinstance(data.get("farm"), dict) else data   # where the settings reader looks
+    section = data["farm"] if isinstance(data.get("farm"), dict) else data  # where the settings reader looks
     up = section.get("up")
     if not isinstance(up, dict):
         raise ConfigError(f"{path} has no `up:` section saying what to start (see configs/farm_up.yaml)")
@@ -77,8 +77,9 @@ def parse_up(path: str | os.PathLike) -> dict[str, Any]:
     return {"redis": up.get("redis", "embedded"), "policy": policy, "pools": pools, "dashboard": up.get("dashboard")}
 
 
-def start_pools(stack: ExitStack, settings: Settings, pools: list[Pool], env: dict[str, str],
-                log_dir: Path, prefix: str = "worker") -> list[subprocess.Popen]:
+def start_pools(
+    stack: ExitStack, settings: Settings, pools: list[Pool], env: dict[str, str], log_dir: Path, prefix: str = "worker"
+) -> list[subprocess.Popen]:
     """One `farm worker` pool per agent, logging to log_dir; stopped (drained) when the stack closes."""
     log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     procs: list[subprocess.Popen] = []
@@ -95,8 +96,9 @@ def start_pools(stack: ExitStack, settings: Settings, pools: list[Pool], env: di
     return procs
 
 
-def wait_for_workers(settings: Settings, n: int, procs: list[subprocess.Popen], log_dir: Path,
-                     timeout_s: float = 120.0) -> None:
+def wait_for_workers(
+    settings: Settings, n: int, procs: list[subprocess.Popen], log_dir: Path, timeout_s: float = 120.0
+) -> None:
     from farm.connection import connect_sync
     from farm.transport import errors
 
@@ -110,8 +112,9 @@ def wait_for_workers(settings: Settings, n: int, procs: list[subprocess.Popen], 
                 return
             for p in procs:
                 if p.poll() is not None:
-                    raise FarmError(f"`{' '.join(p.args[2:])}` exited with {p.returncode} before it was ready "
-                                    f"(log in {log_dir})")
+                    raise FarmError(
+                        f"`{' '.join(p.args[2:])}` exited with {p.returncode} before it was ready (log in {log_dir})"
+                    )
             if time.monotonic() > deadline:
                 raise FarmError(f"{n} workers not up after {timeout_s:.0f}s (logs in {log_dir})")
             time.sleep(0.1)
@@ -158,11 +161,19 @@ def run_up(settings: Settings, path: str | os.PathLike) -> int:
             from workers.serving import PolicyServer, default_cache, prepare_model
 
             model = Path(policy["model"]) if policy.get("model") else prepare_model(default_cache())
-            server = stack.enter_context(PolicyServer(
-                model, port=int(policy.get("port", 8000)), max_model_len=int(policy.get("max_model_len", 2048)),
-                log_path=s.data_path / "logs" / "vllm-up.log"))
-            env.update(FARM_POLICY_URLS=server.url, FARM_POLICY_MODEL=server.served_model_name,
-                       FARM_POLICY_TOKENIZER=str(model))
+            server = stack.enter_context(
+                PolicyServer(
+                    model,
+                    port=int(policy.get("port", 8000)),
+                    max_model_len=int(policy.get("max_model_len", 2048)),
+                    log_path=s.data_path / "logs" / "vllm-up.log",
+                )
+            )
+            env.update(
+                FARM_POLICY_URLS=server.url,
+                FARM_POLICY_MODEL=server.served_model_name,
+                FARM_POLICY_TOKENIZER=str(model),
+            )
             lines.append(f"policy    {server.openai_url}  model {server.served_model_name}")
         elif s.policy_urls:
             lines.append(f"policy    {', '.join(s.policy_urls)} (configured)")
@@ -173,15 +184,21 @@ def run_up(settings: Settings, path: str | os.PathLike) -> int:
             lines.append("dashboard not started: this farm has no `farm dashboard` command yet")
         wait_for_workers(s, sum(p.processes for p in plan["pools"]), procs, log_dir)
         for pool in plan["pools"]:
-            lines.append(f"workers   {pool.agent}: {pool.processes} process(es)"
-                         + (f" x {pool.concurrency}" if pool.concurrency else "") + f"  (log {log_dir}/up-{pool.agent}.log)")
+            lines.append(
+                f"workers   {pool.agent}: {pool.processes} process(es)"
+                + (f" x {pool.concurrency}" if pool.concurrency else "")
+                + f"  (log {log_dir}/up-{pool.agent}.log)"
+            )
         print("farm up:\n  " + "\n  ".join(lines) + "\nCtrl-C stops everything.", flush=True)
         code = 0
         while not stop.is_set():
             for p in procs:
                 if p.poll() is not None:
-                    print(f"farm up: `{' '.join(p.args[2:])}` exited with {p.returncode}; stopping the rest",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"farm up: `{' '.join(p.args[2:])}` exited with {p.returncode}; stopping the rest",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     code = 1
                     stop.set()
             stop.wait(0.5)

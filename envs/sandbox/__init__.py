@@ -21,5 +21,18 @@ from envs.sandbox.jobs import JOB, QUEUE, SandboxClient, run_job, serve, start_w
 from envs.sandbox.result import Limits, SandboxError, SandboxResult, SandboxUnavailable
 from envs.sandbox.run import run_program
 
-__all__ = ["JOB", "QUEUE", "UID_BASE", "UID_COUNT", "Limits", "SandboxClient", "SandboxError", "SandboxResult",
-           "SandboxUnavailable", "run_job", "run_program", "serve", "start_worker"]
+__all__ = [
+    "JOB",
+    "QUEUE",
+    "UID_BASE",
+    "UID_COUNT",
+    "Limits",
+    "SandboxClient",
+    "SandboxError",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "run_job",
+    "run_program",
+    "serve",
+    "start_worker",
+]

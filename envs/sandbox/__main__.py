@@ -13,8 +13,9 @@ from envs.sandbox.jobs import QUEUE, URL_ENV, serve
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envs.sandbox", description="the code sandbox's rq worker")
     sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("worker", help=f"serve the sandbox queue; the Redis URL comes from ${URL_ENV}, "
-                                      "else the farm's settings")
+    w = sub.add_parser(
+        "worker", help=f"serve the sandbox queue; the Redis URL comes from ${URL_ENV}, else the farm's settings"
+    )
     w.add_argument("--queue", default=QUEUE)
     w.add_argument("--name", default=None)
     args = parser.parse_args(argv)

@@ -45,10 +45,10 @@ from typing import Callable, Optional
 
 from envs.sandbox.result import Limits, SandboxError
 
-UID_BASE = 611_000        # sandbox uids: UID_BASE .. UID_BASE + UID_COUNT - 1 (unused by real accounts)
+UID_BASE = 611_000  # sandbox uids: UID_BASE .. UID_BASE + UID_COUNT - 1 (unused by real accounts)
 UID_COUNT = 512
-LEASES = Path("/run/farm-sandbox-uids")       # root only (0700); a uid is held while its lock file is
-RUN_DIR = "/tmp/run"                          # where the run's directory appears inside the sandbox
+LEASES = Path("/run/farm-sandbox-uids")  # root only (0700); a uid is held while its lock file is
+RUN_DIR = "/tmp/run"  # where the run's directory appears inside the sandbox
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -172,7 +172,7 @@ def drop_to(uid: int) -> None:
 
 # ── cgroups ──────────────────────────────────────────────────────────────────────────────────
 CGROUP = Path("/sys/fs/cgroup")
-DELEGATED = "FARM_SANDBOX_CGROUP"   # set by a worker that was given a cgroup subtree before dropping root
+DELEGATED = "FARM_SANDBOX_CGROUP"  # set by a worker that was given a cgroup subtree before dropping root
 
 
 def _cgroup_bases() -> list[tuple[Path, str]]:
@@ -180,16 +180,21 @@ def _cgroup_bases() -> list[tuple[Path, str]]:
     delegated = os.environ.get(DELEGATED, "")
     if (CGROUP / "cgroup.controllers").exists():
         return [(CGROUP / (delegated or "farm-sandbox"), "v2")]
-    return [(CGROUP / c / (delegated or "farm-sandbox"), c) for c in ("memory", "pids", "cpu")
-            if (CGROUP / c / "cgroup.procs").exists()]
+    return [
+        (CGROUP / c / (delegated or "farm-sandbox"), c)
+        for c in ("memory", "pids", "cpu")
+        if (CGROUP / c / "cgroup.procs").exists()
+    ]
 
 
 def _limits_for(flavour: str, limits: Limits, nproc: int) -> dict[str, str]:
     mem = str(limits.memory_mb * 2**20)
-    return {"v2": {"memory.max": mem, "pids.max": str(nproc), "cpu.max": "100000 100000"},
-            "memory": {"memory.limit_in_bytes": mem},
-            "pids": {"pids.max": str(nproc)},
-            "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"}}[flavour]
+    return {
+        "v2": {"memory.max": mem, "pids.max": str(nproc), "cpu.max": "100000 100000"},
+        "memory": {"memory.limit_in_bytes": mem},
+        "pids": {"pids.max": str(nproc)},
+        "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"},
+    }[flavour]
 
 
 class RunCgroup:
@@ -244,7 +249,9 @@ def delegate_cgroups(uid: int) -> Optional[str]:
 
 # ── the child's set-up ─────────────────────────────────────────────────────────────────────
 def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, data: Optional[str] = None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
+    def enc(s: Optional[str]) -> Optional[bytes]:
+        return s.encode() if s is not None else None
+
     _call(libc().mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
@@ -304,7 +311,7 @@ def _rlimits(limits: Limits, nproc: int) -> None:
 def _no_privileges(namespaced: bool) -> None:
     c = libc()
     _call(c.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    if not namespaced:   # an unprivileged uid already holds no capability, and cannot drop from the set
+    if not namespaced:  # an unprivileged uid already holds no capability, and cannot drop from the set
         return
     for cap in range(64):
         if c.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 1:  # EPERM: cannot drop
@@ -314,7 +321,7 @@ def _no_privileges(namespaced: bool) -> None:
 
 # seccomp: socket(AF_UNIX, ...) fails with EACCES. A read-only mount does not stop connect() on a
 # host socket file a program can name, and the network namespace stops only abstract sockets.
-_AUDIT_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}   # arch id, socket() number
+_AUDIT_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}  # arch id, socket() number
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 
@@ -330,12 +337,19 @@ def _no_unix_sockets() -> None:
     arch = _AUDIT_ARCH.get(os.uname().machine)
     if arch is None:
         return
-    ld, jeq, ret = 0x20, 0x15, 0x06                       # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
-    allow, deny = 0x7FFF0000, 0x00050000 | 13             # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EACCES
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch[0]), (ret, 0, 0, allow),    # another arch: not filtered
-            (ld, 0, 0, 0), (jeq, 0, 3, arch[1]),                         # not socket(): allow
-            (ld, 0, 0, 16), (jeq, 0, 1, 1),                              # args[0] == AF_UNIX
-            (ret, 0, 0, deny), (ret, 0, 0, allow)]
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EACCES
+    prog = [
+        (ld, 0, 0, 4),
+        (jeq, 1, 0, arch[0]),
+        (ret, 0, 0, allow),  # another arch: not filtered
+        (ld, 0, 0, 0),
+        (jeq, 0, 3, arch[1]),  # not socket(): allow
+        (ld, 0, 0, 16),
+        (jeq, 0, 1, 1),  # args[0] == AF_UNIX
+        (ret, 0, 0, deny),
+        (ret, 0, 0, allow),
+    ]
     filters = (_SockFilter * len(prog))(*[_SockFilter(*f) for f in prog])
     fprog = _SockFprog(len(prog), filters)
     _call(libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
@@ -343,7 +357,7 @@ def _no_unix_sockets() -> None:
 
 def _await_and_mirror(pid: int) -> None:
     """The process outside the new PID namespace: wait for its PID 1, then end the same way."""
-    os.closerange(0, 4096)   # nothing of the parent's (its exec-status pipe above all) stays open here
+    os.closerange(0, 4096)  # nothing of the parent's (its exec-status pipe above all) stays open here
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -357,9 +371,11 @@ def _await_and_mirror(pid: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-def preexec(workdir: str, limits: Limits, *, uid: Optional[int], nproc: int, namespaces: bool,
-            cgroup_procs: list[str]) -> Callable[[], None]:
+def preexec(
+    workdir: str, limits: Limits, *, uid: Optional[int], nproc: int, namespaces: bool, cgroup_procs: list[str]
+) -> Callable[[], None]:
     """The set-up the child runs between fork and exec (see the module docstring for the order's why)."""
+
     def setup() -> None:
         for procs in cgroup_procs:
             with open(procs, "w") as f:
@@ -369,7 +385,7 @@ def preexec(workdir: str, limits: Limits, *, uid: Optional[int], nproc: int, nam
         if namespaces:
             outer_uid, outer_gid = os.getuid(), os.getgid()
             _call(libc().unshare(NAMESPACES), "unshare")
-            workdir_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)   # before /tmp is covered
+            workdir_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)  # before /tmp is covered
             Path("/proc/self/setgroups").write_text("deny")
             Path("/proc/self/uid_map").write_text(f"0 {outer_uid} 1")
             Path("/proc/self/gid_map").write_text(f"0 {outer_gid} 1")
@@ -385,4 +401,5 @@ def preexec(workdir: str, limits: Limits, *, uid: Optional[int], nproc: int, nam
             os.chdir(workdir)
         _rlimits(limits, nproc)
         _no_privileges(namespaces)
+
     return setup

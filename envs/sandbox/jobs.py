@@ -70,8 +70,9 @@ def _worker_class():
                 name = f"<undecodable: {type(exc).__name__}>"
             if name not in ALLOWED or job.instance is not None or job.args:
                 try:
-                    raise JobRefused(f"refused job {job.id}: {name!r} is not the sandbox's job ({JOB}); "
-                                     "nothing was run")
+                    raise JobRefused(
+                        f"refused job {job.id}: {name!r} is not the sandbox's job ({JOB}); nothing was run"
+                    )
                 except JobRefused:
                     log.warning("refused job %s naming %r", job.id, name)
                     self._finalize_failure(job, queue, execution, sys.exc_info())
@@ -83,14 +84,62 @@ def _worker_class():
 
 # Modules a worker needs after it has dropped root (the interpreter's own library may then be
 # unreadable: /root is 0700 where pyenv installs live), imported while it still can read them.
-_PRELOAD = ("json", "subprocess", "tempfile", "shutil", "resource", "ctypes", "fcntl", "secrets", "signal",
-            "zlib", "base64", "uuid", "datetime", "_strptime", "calendar", "locale", "time", "traceback",
-            "linecache", "tokenize", "logging.handlers", "encodings.idna", "encodings.latin_1", "encodings.ascii",
-            "socket", "selectors", "select", "ssl", "hashlib", "hmac", "random", "struct", "copy", "decimal",
-            "redis", "redis.client", "redis.connection", "rq", "rq.job", "rq.worker", "rq.serializers",
-            "rq.timeouts", "rq.results", "rq.registry", "rq.executions", "rq.intermediate_queue", "rq.scheduler",
-            "rq.suspension", "rq.worker_registration", "rq.maintenance", "rq.command", "rq.utils",
-            "envs.sandbox", "envs.sandbox.runner")
+_PRELOAD = (
+    "json",
+    "subprocess",
+    "tempfile",
+    "shutil",
+    "resource",
+    "ctypes",
+    "fcntl",
+    "secrets",
+    "signal",
+    "zlib",
+    "base64",
+    "uuid",
+    "datetime",
+    "_strptime",
+    "calendar",
+    "locale",
+    "time",
+    "traceback",
+    "linecache",
+    "tokenize",
+    "logging.handlers",
+    "encodings.idna",
+    "encodings.latin_1",
+    "encodings.ascii",
+    "socket",
+    "selectors",
+    "select",
+    "ssl",
+    "hashlib",
+    "hmac",
+    "random",
+    "struct",
+    "copy",
+    "decimal",
+    "redis",
+    "redis.client",
+    "redis.connection",
+    "rq",
+    "rq.job",
+    "rq.worker",
+    "rq.serializers",
+    "rq.timeouts",
+    "rq.results",
+    "rq.registry",
+    "rq.executions",
+    "rq.intermediate_queue",
+    "rq.scheduler",
+    "rq.suspension",
+    "rq.worker_registration",
+    "rq.maintenance",
+    "rq.command",
+    "rq.utils",
+    "envs.sandbox",
+    "envs.sandbox.runner",
+)
 
 
 def serve(redis_url: str, queue: str = QUEUE, name: Optional[str] = None) -> None:
@@ -107,7 +156,7 @@ def serve(redis_url: str, queue: str = QUEUE, name: Optional[str] = None) -> Non
             importlib.import_module(module)
         except ImportError:
             pass
-    datetime.datetime.strptime("2000-01-01", "%Y-%m-%d")   # strptime's lazy set-up, while it can still load
+    datetime.datetime.strptime("2000-01-01", "%Y-%m-%d")  # strptime's lazy set-up, while it can still load
     lease = None
     if os.geteuid() == 0:
         lease = isolation.UidLease()
@@ -115,15 +164,19 @@ def serve(redis_url: str, queue: str = QUEUE, name: Optional[str] = None) -> Non
         delegated = isolation.delegate_cgroups(uid)
         if delegated:
             os.environ[isolation.DELEGATED] = delegated
-        isolation.can_unshare()   # probed (and cached) before the drop, as the runs will be made
+        isolation.can_unshare()  # probed (and cached) before the drop, as the runs will be made
         os.chdir("/")
         isolation.drop_to(uid)
         os.environ["HOME"] = "/"
         log.info("sandbox worker serving as uid %d", uid)
     conn = redis.Redis.from_url(redis_url)
     worker_class = _worker_class()
-    worker = worker_class([Queue(queue, connection=conn, serializer=JSONSerializer)], connection=conn,
-                          serializer=JSONSerializer, name=name or f"sandbox-{uuid.uuid4().hex[:8]}")
+    worker = worker_class(
+        [Queue(queue, connection=conn, serializer=JSONSerializer)],
+        connection=conn,
+        serializer=JSONSerializer,
+        name=name or f"sandbox-{uuid.uuid4().hex[:8]}",
+    )
     worker.work(logging_level="WARNING")
 
 
@@ -131,6 +184,7 @@ def start_worker(redis_url: str, queue: str = QUEUE, name: Optional[str] = None)
     """An rq worker process for `queue`; it dies with the process that started it.
 
     The URL travels in the environment (it may hold a password); the command line holds none."""
+
     def die_with_parent() -> None:
         isolation.libc().prctl(isolation.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
@@ -168,8 +222,17 @@ class SandboxClient:
     restarts one that died (a bounded number of times); a job whose worker died mid-run,
     or no result within wall_s + wait_margin_s, raises SandboxError."""
 
-    def __init__(self, redis_url: str, queue: str = QUEUE, *, start_workers: int = 1, wait_margin_s: float = 60.0,
-                 max_restarts: int = 5, poll_s: float = 0.02, private: Optional[PrivateRedis] = None):
+    def __init__(
+        self,
+        redis_url: str,
+        queue: str = QUEUE,
+        *,
+        start_workers: int = 1,
+        wait_margin_s: float = 60.0,
+        max_restarts: int = 5,
+        poll_s: float = 0.02,
+        private: Optional[PrivateRedis] = None,
+    ):
         self.redis_url, self.queue_name = redis_url, queue
         self.start_workers, self.wait_margin_s = start_workers, wait_margin_s
         self.max_restarts, self.poll_s = max_restarts, poll_s
@@ -190,8 +253,9 @@ class SandboxClient:
             if proc.poll() is not None:
                 del self.workers[name]
                 if self.restarts >= self.max_restarts:
-                    raise SandboxError(f"sandbox worker exited with {proc.returncode}; "
-                                       f"gave up after {self.restarts} restarts")
+                    raise SandboxError(
+                        f"sandbox worker exited with {proc.returncode}; gave up after {self.restarts} restarts"
+                    )
                 self.restarts += 1
         while len(self.workers) < self.start_workers:
             name = f"sandbox-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -203,10 +267,12 @@ class SandboxClient:
         from rq.serializers import JSONSerializer
 
         if self._queue is None:
-            self._queue = Queue(self.queue_name, connection=redis.Redis.from_url(self.redis_url),
-                                serializer=JSONSerializer)
-        return self._queue.enqueue(JOB, kwargs=payload, job_timeout=int(timeout_s) + 5, result_ttl=300,
-                                   failure_ttl=300, ttl=int(timeout_s) + 5)
+            self._queue = Queue(
+                self.queue_name, connection=redis.Redis.from_url(self.redis_url), serializer=JSONSerializer
+            )
+        return self._queue.enqueue(
+            JOB, kwargs=payload, job_timeout=int(timeout_s) + 5, result_ttl=300, failure_ttl=300, ttl=int(timeout_s) + 5
+        )
 
     async def run(self, program: str, unit_tests: dict, limits: Limits = Limits()) -> SandboxResult:
         job = await self.submit(program, unit_tests, limits)
@@ -236,8 +302,10 @@ class SandboxClient:
                     break
                 if time.monotonic() > deadline:
                     await asyncio.to_thread(job.cancel)
-                    raise SandboxError(f"no sandbox result within {budget_s:.0f}s (job {status or 'gone'}); "
-                                       f"is an rq worker serving queue {self.queue_name!r}?")
+                    raise SandboxError(
+                        f"no sandbox result within {budget_s:.0f}s (job {status or 'gone'}); "
+                        f"is an rq worker serving queue {self.queue_name!r}?"
+                    )
                 dead = [n for n, p in self.workers.items() if p.poll() is not None]
                 if dead:
                     running = (await self._aredis.hget(job.key, "worker_name") or b"").decode()

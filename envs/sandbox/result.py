@@ -22,12 +22,12 @@ class SandboxUnavailable(SandboxError):
 class Limits:
     wall_s: float = 10.0
     cpu_s: int = 5
-    memory_mb: int = 512           # address space per process (and the run's cgroup memory, where there is one)
-    file_mb: int = 8               # largest file the program may write
-    output_kb: int = 1024          # largest output one test may produce (stdout, or a return value's JSON)
-    tmp_mb: int = 16               # the private /tmp and /dev/shm, each
-    max_processes: int = 8         # processes and threads of the run
-    allow_network: bool = False    # run without a network namespace where none can be made
+    memory_mb: int = 512  # address space per process (and the run's cgroup memory, where there is one)
+    file_mb: int = 8  # largest file the program may write
+    output_kb: int = 1024  # largest output one test may produce (stdout, or a return value's JSON)
+    tmp_mb: int = 16  # the private /tmp and /dev/shm, each
+    max_processes: int = 8  # processes and threads of the run
+    allow_network: bool = False  # run without a network namespace where none can be made
 
 
 @dataclass
@@ -35,7 +35,7 @@ class SandboxResult:
     reason: Reason
     passed: int
     total: int
-    tests: list[bool]              # one per unit test; tests never reached count as failed
+    tests: list[bool]  # one per unit test; tests never reached count as failed
     stdout: str = ""
     stderr: str = ""
     exit_code: Optional[int] = None

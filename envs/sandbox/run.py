@@ -36,7 +36,7 @@ from envs.sandbox import isolation
 from envs.sandbox.result import Limits, SandboxError, SandboxResult, SandboxUnavailable
 
 RUNNER = Path(__file__).with_name("runner.py")
-TAIL = 2000               # characters of stdout/stderr kept on the result
+TAIL = 2000  # characters of stdout/stderr kept on the result
 
 
 def _reachable_by_others(path: str | Path) -> bool:
@@ -81,31 +81,49 @@ def run_program(program: str, unit_tests: dict, limits: Limits = Limits()) -> Sa
     root = os.geteuid() == 0
     namespaces = isolation.can_unshare()
     if not namespaces and not limits.allow_network:
-        raise SandboxUnavailable("no user, network and mount namespaces can be made here (unprivileged user "
-                                 "namespaces are off, or seccomp forbids unshare); allow them for the sandbox "
-                                 "worker, or set allow_network to run with only the uid and rlimits")
+        raise SandboxUnavailable(
+            "no user, network and mount namespaces can be made here (unprivileged user "
+            "namespaces are off, or seccomp forbids unshare); allow them for the sandbox "
+            "worker, or set allow_network to run with only the uid and rlimits"
+        )
     python = interpreter()
     if root:
         isolation.libc().prctl(isolation.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         with isolation.UidLease() as uid:
             try:
-                return _run(program, inputs, outputs, fn_name, limits, python, uid, namespaces,
-                            limits.max_processes + 2)
+                return _run(
+                    program, inputs, outputs, fn_name, limits, python, uid, namespaces, limits.max_processes + 2
+                )
             finally:
                 isolation.kill_uid(uid)
     nproc = isolation.uid_tasks(os.getuid()) + limits.max_processes + 2
     return _run(program, inputs, outputs, fn_name, limits, python, None, namespaces, nproc)
 
 
-def _run(program: str, inputs: list[str], outputs: list[str], fn_name: Optional[str], limits: Limits,
-         python: str, uid: Optional[int], namespaces: bool, nproc: int) -> SandboxResult:
-    scratch = Path(tempfile.mkdtemp(prefix="farm-sandbox-"))      # ours: outputs, never visible to the child
-    workdir = Path(tempfile.mkdtemp(prefix="farm-sandbox-run-"))   # the child's, the only place it may write
+def _run(
+    program: str,
+    inputs: list[str],
+    outputs: list[str],
+    fn_name: Optional[str],
+    limits: Limits,
+    python: str,
+    uid: Optional[int],
+    namespaces: bool,
+    nproc: int,
+) -> SandboxResult:
+    scratch = Path(tempfile.mkdtemp(prefix="farm-sandbox-"))  # ours: outputs, never visible to the child
+    workdir = Path(tempfile.mkdtemp(prefix="farm-sandbox-run-"))  # the child's, the only place it may write
     cgroup = isolation.RunCgroup(limits, nproc)
-    isolation_record = {"uid": uid is not None or os.geteuid() != 0, "namespaces": namespaces,
-                        "network": namespaces, "filesystem": namespaces, "pid": namespaces,
-                        "cgroup": bool(cgroup.dirs), "no_new_privs": True,
-                        "no_unix_sockets": namespaces and os.uname().machine in isolation._AUDIT_ARCH}
+    isolation_record = {
+        "uid": uid is not None or os.geteuid() != 0,
+        "namespaces": namespaces,
+        "network": namespaces,
+        "filesystem": namespaces,
+        "pid": namespaces,
+        "cgroup": bool(cgroup.dirs),
+        "no_new_privs": True,
+        "no_unix_sockets": namespaces and os.uname().machine in isolation._AUDIT_ARCH,
+    }
     try:
         (workdir / "runner.py").write_bytes(RUNNER.read_bytes())
         (workdir / "job.json").write_text(json.dumps({"program": program, "inputs": inputs, "fn_name": fn_name}))
@@ -116,16 +134,28 @@ def _run(program: str, inputs: list[str], outputs: list[str], fn_name: Optional[
         limit = limits.output_kb * 1024
         report = os.open(scratch / "report", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
         out, err = open(scratch / "stdout", "wb"), open(scratch / "stderr", "wb")
-        env = {"PATH": "/usr/bin:/bin", "HOME": isolation.RUN_DIR if namespaces else str(workdir),
-               "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": isolation.RUN_DIR if namespaces else str(workdir),
+            "LANG": "C.UTF-8",
+            "PYTHONHASHSEED": "0",
+        }
         started = time.monotonic()
         cpu_before = _children_cpu()
         try:
-            proc = subprocess.Popen([python, "-I", "-S", "-B", "runner.py", str(report), str(limit)],
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                    pass_fds=(report,), close_fds=True, start_new_session=True,
-                                    preexec_fn=isolation.preexec(str(workdir), limits, uid=uid, nproc=nproc,
-                                                                 namespaces=namespaces, cgroup_procs=cgroup.procs))
+            proc = subprocess.Popen(
+                [python, "-I", "-S", "-B", "runner.py", str(report), str(limit)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                pass_fds=(report,),
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=isolation.preexec(
+                    str(workdir), limits, uid=uid, nproc=nproc, namespaces=namespaces, cgroup_procs=cgroup.procs
+                ),
+            )
         except (subprocess.SubprocessError, OSError) as exc:
             raise SandboxError(f"could not set up the sandbox: {exc}") from None
         finally:
@@ -148,8 +178,20 @@ def _run(program: str, inputs: list[str], outputs: list[str], fn_name: Optional[
         # Every test may report up to the limit, plus room for the records themselves.
         over = size > len(inputs) * (limit + 256) + 4096
         text = "" if over else (scratch / "report").read_text(errors="replace")
-        return judge(proc.returncode, timed_out, over, text, outputs, fn_name, _tail(scratch / "stdout"),
-                     _tail(scratch / "stderr"), duration, cpu, isolation_record, limits)
+        return judge(
+            proc.returncode,
+            timed_out,
+            over,
+            text,
+            outputs,
+            fn_name,
+            _tail(scratch / "stdout"),
+            _tail(scratch / "stderr"),
+            duration,
+            cpu,
+            isolation_record,
+            limits,
+        )
     finally:
         cgroup.remove()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -165,9 +207,20 @@ def _equal(produced: str, expected: str, fn_name: Optional[str]) -> bool:
         return False
 
 
-def judge(code: Optional[int], timed_out: bool, over: bool, report: str, outputs: list[str], fn_name: Optional[str],
-          stdout: str, stderr: str, duration: float, cpu: float, isolation_record: dict,
-          limits: Limits) -> SandboxResult:
+def judge(
+    code: Optional[int],
+    timed_out: bool,
+    over: bool,
+    report: str,
+    outputs: list[str],
+    fn_name: Optional[str],
+    stdout: str,
+    stderr: str,
+    duration: float,
+    cpu: float,
+    isolation_record: dict,
+    limits: Limits,
+) -> SandboxResult:
     """The verdict, from what the runner reported and the expected outputs (which it never saw)."""
     total = len(outputs)
     tests = [False] * total
@@ -188,7 +241,7 @@ def judge(code: Optional[int], timed_out: bool, over: bool, report: str, outputs
             load_error = load_error or record["load"][:200]
         elif type(record.get("i")) is int and 0 <= record["i"] < total and record["i"] not in seen:
             i = record["i"]
-            seen.add(i)   # the first report of a test counts; a program writing more changes nothing
+            seen.add(i)  # the first report of a test counts; a program writing more changes nothing
             error = record.get("error")
             memory |= error == "memory"
             output_limit |= error == "output_limit"
@@ -209,8 +262,21 @@ def judge(code: Optional[int], timed_out: bool, over: bool, report: str, outputs
         reason, detail = "ok", ""
     else:
         reason = "error"
-        detail = f"program did not load: {load_error}" if load_error else f"runner exited with status {code} before the end"
+        detail = (
+            f"program did not load: {load_error}" if load_error else f"runner exited with status {code} before the end"
+        )
     passed = sum(tests) if reason == "ok" else 0
-    return SandboxResult(reason=reason, passed=passed, total=total, tests=tests if reason == "ok" else [False] * total,
-                         stdout=stdout, stderr=stderr, exit_code=code, signal=sig, detail=detail,
-                         duration_s=round(duration, 3), cpu_s=round(cpu, 3), isolation=isolation_record)
+    return SandboxResult(
+        reason=reason,
+        passed=passed,
+        total=total,
+        tests=tests if reason == "ok" else [False] * total,
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=code,
+        signal=sig,
+        detail=detail,
+        duration_s=round(duration, 3),
+        cpu_s=round(cpu, 3),
+        isolation=isolation_record,
+    )

@@ -69,38 +69,48 @@ def main() -> None:
         if not callable(fn):
             emit({"load": f"no function {fn_name}"})
             raise SystemExit(4)
-        for i, text in enumerate(inputs):
-            try:
-                args = [loads(line) for line in text.split("\n") if line.strip()]
-                out = dumps(fn(*args))
-            except MemoryError:
-                emit({"i": i, "error": "memory"})
-                continue
-            except BaseException as exc:  # the program's failure on this input
-                emit({"i": i, "error": type(exc).__name__})
-                continue
-            emit({"i": i, "out": out} if len(out) <= limit else {"i": i, "error": "output_limit"})
+        _call_each(fn, inputs, emit, loads, dumps, limit)
     else:
-        for i, text in enumerate(inputs):
-            raw = Capped(limit)
-            buf = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True)
-            error = None
-            try:
-                load(text, buf)
-            except SystemExit as exc:
-                error = None if exc.code in (None, 0) else "exit"
-            except MemoryError:
-                error = "memory"
-            except BaseException as exc:
-                error = type(exc).__name__
-            if raw.over:
-                error = "output_limit"
-            out = raw.getvalue().decode("utf-8", "replace")
-            if error:
-                emit({"i": i, "error": error})
-            else:
-                emit({"i": i, "out": out} if len(out) <= limit else {"i": i, "error": "output_limit"})
+        _feed_each(load, inputs, emit, limit)
     emit({"done": True})
+
+
+def _call_each(fn, inputs: list, emit, loads, dumps, limit: int) -> None:
+    """Call-based tests: each input holds the JSON arguments, one per line; the output is the JSON result."""
+    for i, text in enumerate(inputs):
+        try:
+            args = [loads(line) for line in text.split("\n") if line.strip()]
+            out = dumps(fn(*args))
+        except MemoryError:
+            emit({"i": i, "error": "memory"})
+            continue
+        except BaseException as exc:  # the program's failure on this input
+            emit({"i": i, "error": type(exc).__name__})
+            continue
+        emit({"i": i, "out": out} if len(out) <= limit else {"i": i, "error": "output_limit"})
+
+
+def _feed_each(load, inputs: list, emit, limit: int) -> None:
+    """stdin/stdout tests: the program runs once per input, its printed output captured (capped)."""
+    for i, text in enumerate(inputs):
+        raw = Capped(limit)
+        buf = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True)
+        error = None
+        try:
+            load(text, buf)
+        except SystemExit as exc:
+            error = None if exc.code in (None, 0) else "exit"
+        except MemoryError:
+            error = "memory"
+        except BaseException as exc:
+            error = type(exc).__name__
+        if raw.over:
+            error = "output_limit"
+        out = raw.getvalue().decode("utf-8", "replace")
+        if error:
+            emit({"i": i, "error": error})
+        else:
+            emit({"i": i, "out": out} if len(out) <= limit else {"i": i, "error": "output_limit"})
 
 
 if __name__ == "__main__":

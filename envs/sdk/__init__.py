@@ -11,13 +11,38 @@
 See docs/write-your-own-environment.md.
 """
 
-from envs.sdk.environment import (ENTRY_POINT_GROUP, AgentSettings, Environment, LoopKind, Transcript, Verdict,
-                                  available_envs, load_env)
+from envs.sdk.environment import (
+    ENTRY_POINT_GROUP,
+    AgentSettings,
+    Environment,
+    LoopKind,
+    Transcript,
+    Verdict,
+    available_envs,
+    load_env,
+)
 from envs.sdk.rows import AgentRef, CreateParams, Row, RowError, parse_row
 from envs.sdk.tools import Tool, ToolArgumentError, Toolset
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind
 
-__all__ = ["ENTRY_POINT_GROUP", "AgentRef", "AgentSettings", "CreateParams", "Environment", "ErrorKind", "LoopKind",
-           "Row", "RowError", "RolloutFailure", "Tool", "ToolArgumentError", "Toolset", "Transcript", "Verdict",
-           "available_envs", "load_env", "parse_row"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "AgentRef",
+    "AgentSettings",
+    "CreateParams",
+    "Environment",
+    "ErrorKind",
+    "LoopKind",
+    "Row",
+    "RowError",
+    "RolloutFailure",
+    "Tool",
+    "ToolArgumentError",
+    "Toolset",
+    "Transcript",
+    "Verdict",
+    "available_envs",
+    "load_env",
+    "parse_row",
+]

@@ -28,8 +28,8 @@ class AgentSettings:
     """How the agent loop runs for this environment (overridable per agent in the config)."""
 
     loop: LoopKind = "single_turn"
-    max_steps: int = 8                      # policy calls per rollout
-    sampling: dict[str, Any] = field(default_factory=dict)   # overrides of the task's sampling
+    max_steps: int = 8  # policy calls per rollout
+    sampling: dict[str, Any] = field(default_factory=dict)  # overrides of the task's sampling
     tool_timeout_s: float = 30.0
     verify_timeout_s: float = 60.0
 
@@ -56,8 +56,8 @@ class Environment:
 
     name: str = "base"
     agent: AgentSettings = AgentSettings()
-    row_type: type[Row] = Row               # the rows' typed shape (ground truth included)
-    toolset: Optional[Toolset] = None       # the tools, when declared with @Toolset.tool
+    row_type: type[Row] = Row  # the rows' typed shape (ground truth included)
+    toolset: Optional[Toolset] = None  # the tools, when declared with @Toolset.tool
 
     async def setup(self) -> None:
         """Called by the worker once, before the first rollout: start pools, open clients."""
@@ -106,5 +106,5 @@ def load_env(name: str, options: Optional[dict] = None) -> Environment:
         raise UnknownAgent(f"unknown environment {name!r}; available: {', '.join(sorted(envs)) or 'none'}")
     try:
         return envs[name].load()(**(options or {}))
-    except TypeError as exc:   # an option the environment does not take, or of the wrong kind
+    except TypeError as exc:  # an option the environment does not take, or of the wrong kind
         raise ConfigError(f"environment {name}: bad option(s) {sorted(options or {})}: {exc}") from None

@@ -44,18 +44,19 @@ class Tool:
     name: str
     description: str
     parameters: dict
-    fn: Callable[..., Any]           # fn(state, **arguments) -> str | JSON value, sync or async
+    fn: Callable[..., Any]  # fn(state, **arguments) -> str | JSON value, sync or async
     meta: dict[str, Any] = field(default_factory=dict)
-    arguments: Optional[type] = None  # msgspec Struct the arguments are checked against, when declared by @tool
+    arguments: Optional[type[msgspec.Struct]] = None  # what the arguments are checked against (@Toolset.tool)
 
     def schema(self) -> dict:
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def response_schema(self) -> dict:
         """The tool as a Responses API row writes it (`responses_create_params.tools`)."""
-        return {"type": "function", "name": self.name, "description": self.description,
-                "parameters": self.parameters}
+        return {"type": "function", "name": self.name, "description": self.description, "parameters": self.parameters}
 
     def check(self, arguments: dict) -> dict:
         """The arguments, checked against the signature; ToolArgumentError names what is wrong."""
@@ -64,7 +65,7 @@ class Tool:
         if self.arguments is None:
             return arguments
         try:
-            value = msgspec.convert(arguments, self.arguments, strict=True)
+            value: msgspec.Struct = msgspec.convert(arguments, self.arguments, strict=True)
         except msgspec.ValidationError as exc:
             raise ToolArgumentError(_readable(str(exc))) from None
         return {name: getattr(value, name) for name in self.arguments.__struct_fields__ if name in arguments}
@@ -86,8 +87,14 @@ class Toolset:
         self._tools: dict[str, Tool] = {}
         self.check_types = check_types
 
-    def tool(self, description: Union[str, Callable, None] = None, *, tool_name: Optional[str] = None,
-             meta: Optional[dict] = None, **arg_docs: str):
+    def tool(
+        self,
+        description: Union[str, Callable, None] = None,
+        *,
+        tool_name: Optional[str] = None,
+        meta: Optional[dict] = None,
+        **arg_docs: str,
+    ):
         """Register a function as a tool: bare `@tools.tool`, or `@tools.tool("what it does", arg="what
         arg is", ...)`; `tool_name` renames it, `meta` is kept on the Tool for the environment's use."""
         if callable(description):
@@ -95,6 +102,7 @@ class Toolset:
 
         def register(fn: Callable) -> Callable:
             return self._register(fn, description, tool_name, meta, arg_docs)
+
         return register
 
     def add(self, tool: Tool) -> Tool:
@@ -103,10 +111,19 @@ class Toolset:
         self._tools[tool.name] = tool
         return tool
 
-    def _register(self, fn: Callable, description: Optional[str], name: Optional[str], meta: Optional[dict],
-                  arg_docs: dict[str, str]) -> Callable:
-        self.add(from_function(fn, description=description, name=name, meta=meta, arg_docs=arg_docs,
-                               check_types=self.check_types))
+    def _register(
+        self,
+        fn: Callable,
+        description: Optional[str],
+        name: Optional[str],
+        meta: Optional[dict],
+        arg_docs: dict[str, str],
+    ) -> Callable:
+        self.add(
+            from_function(
+                fn, description=description, name=name, meta=meta, arg_docs=arg_docs, check_types=self.check_types
+            )
+        )
         return fn
 
     def __iter__(self):
@@ -128,8 +145,11 @@ class Toolset:
         return list(self._tools.values())
 
 
-_MSGSPEC_WORDS = (("Object contains unknown field", "unknown argument"),
-                  ("Object missing required field", "missing required argument"), (" - at `$.", " - argument `"))
+_MSGSPEC_WORDS = (
+    ("Object contains unknown field", "unknown argument"),
+    ("Object missing required field", "missing required argument"),
+    (" - at `$.", " - argument `"),
+)
 
 
 def _readable(message: str) -> str:
@@ -139,14 +159,20 @@ def _readable(message: str) -> str:
     return message
 
 
-def from_function(fn: Callable, *, description: Optional[str] = None, name: Optional[str] = None,
-                  meta: Optional[dict] = None, arg_docs: Optional[dict[str, str]] = None,
-                  check_types: bool = True) -> Tool:
+def from_function(
+    fn: Callable,
+    *,
+    description: Optional[str] = None,
+    name: Optional[str] = None,
+    meta: Optional[dict] = None,
+    arg_docs: Optional[dict[str, str]] = None,
+    check_types: bool = True,
+) -> Tool:
     """A Tool whose schema and argument check come from `fn`'s signature and docstring."""
     summary, doc_args = parse_docstring(inspect.getdoc(fn) or "")
     docs = {**doc_args, **(arg_docs or {})}
     hints = typing.get_type_hints(fn, include_extras=True)
-    params = list(inspect.signature(fn).parameters.values())[1:]   # the first is the rollout's state
+    params = list(inspect.signature(fn).parameters.values())[1:]  # the first is the rollout's state
     unknown = set(docs) - {p.name for p in params}
     if unknown:
         raise TypeError(f"tool {fn.__name__}: documented arguments not in its signature: {sorted(unknown)}")
@@ -160,10 +186,19 @@ def from_function(fn: Callable, *, description: Optional[str] = None, name: Opti
         fields.append((p.name, kind) if p.default is p.empty else (p.name, kind, p.default))
         loose.append((p.name, Any) if p.default is p.empty else (p.name, Any, p.default))
     struct = msgspec.defstruct(f"{fn.__name__}_arguments", fields, kw_only=True, forbid_unknown_fields=True)
-    checked = struct if check_types else msgspec.defstruct(f"{fn.__name__}_arguments", loose, kw_only=True,
-                                                           forbid_unknown_fields=True)
-    return Tool(name=name or fn.__name__, description=description or summary, parameters=json_schema(struct),
-                fn=fn, meta=dict(meta or {}), arguments=checked)
+    checked = (
+        struct
+        if check_types
+        else msgspec.defstruct(f"{fn.__name__}_arguments", loose, kw_only=True, forbid_unknown_fields=True)
+    )
+    return Tool(
+        name=name or fn.__name__,
+        description=description or summary,
+        parameters=json_schema(struct),
+        fn=fn,
+        meta=dict(meta or {}),
+        arguments=checked,
+    )
 
 
 def json_schema(struct: type) -> dict:
@@ -200,7 +235,7 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     except StopIteration:
         return summary, args
     current = None
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.strip():
             continue
         if not line.startswith((" ", "\t")):

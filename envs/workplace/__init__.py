@@ -61,15 +61,23 @@ class WorkplaceAssistant(Environment):
     async def verify(self, row: WorkplaceRow, state: Any, transcript: Transcript) -> Verdict:
         truth = ground_truth_calls(row.ground_truth)
         expected = replay(self.new_state(row), truth, strict=True)
-        actual = state if isinstance(state, Office) else replay(self.new_state(row), transcript.tool_calls,
-                                                                strict=False)
+        actual = (
+            state if isinstance(state, Office) else replay(self.new_state(row), transcript.tool_calls, strict=False)
+        )
         got, want = snapshot(actual), snapshot(expected)
         components = {domain: float(got[domain] == want[domain]) for domain in TABLES}
         off = sum(sum(((got[d] - want[d]) + (want[d] - got[d])).values()) for d in TABLES)
         mutating = sum(c.get("name") in MUTATING for c in transcript.tool_calls)
-        return Verdict(reward=float(off == 0), components=components,
-                       metrics={"mutating_calls": mutating, "read_calls": len(transcript.tool_calls) - mutating,
-                                "expected_calls": len(truth), "rows_off": off})
+        return Verdict(
+            reward=float(off == 0),
+            components=components,
+            metrics={
+                "mutating_calls": mutating,
+                "read_calls": len(transcript.tool_calls) - mutating,
+                "expected_calls": len(truth),
+                "rows_off": off,
+            },
+        )
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         return generate(size, seed, self.prompt_tools)

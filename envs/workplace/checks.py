@@ -10,6 +10,7 @@ from typing import Any
 
 from envs.workplace.office import DAY_END, DAY_START, Office, ToolError
 
+
 def _text(value: Any, name: str, *, empty: bool = False) -> str:
     if not isinstance(value, str):
         raise ToolError(f"{name} must be a string, got {type(value).__name__}")
@@ -80,8 +81,9 @@ def _address(value: Any, name: str) -> str:
 def _employee(office: Office, value: Any, name: str) -> str:
     text = _address(value, name)
     if text not in {e["email"] for e in office.employees}:
-        raise ToolError(f"{name} {text!r} is not in the company directory; "
-                        "look it up with company_directory_find_email_address")
+        raise ToolError(
+            f"{name} {text!r} is not in the company directory; look it up with company_directory_find_email_address"
+        )
     return text
 
 
@@ -99,14 +101,16 @@ def _page(items: list, page: Any, page_size: Any) -> list:
         raise ToolError("page and page_size must be integers") from None
     if page < 1 or page_size < 1:
         raise ToolError("page and page_size must be >= 1")
-    return items[(page - 1) * page_size: page * page_size]
+    return items[(page - 1) * page_size : page * page_size]
 
 
 def _check_hours(start: str, duration: str) -> None:
     t = datetime.strptime(start, "%Y-%m-%d %H:%M:%S")
     begin = t.hour * 60 + t.minute
     if begin < DAY_START or begin + int(duration) > DAY_END:
-        raise ToolError(f"meetings must not start before 9am or end after 6pm; {start} for {duration} minutes does not fit")
+        raise ToolError(
+            f"meetings must not start before 9am or end after 6pm; {start} for {duration} minutes does not fit"
+        )
 
 
 def _range(time_min: Any, time_max: Any) -> tuple[str, str]:

@@ -26,5 +26,17 @@ from workers.serving.model import MODEL_NAME, default_cache, prepare_model
 from workers.serving.server import PolicyServer, run_prepare, run_serve, start_server
 from workers.serving.venv import DEFAULT_VENV, has_nvidia_gpu, serving_venv
 
-__all__ = ["DEFAULT_VENV", "MODEL_NAME", "OFFLINE_ENV", "PolicyServer", "PolicyServerError", "default_cache",
-           "has_nvidia_gpu", "prepare_model", "run_prepare", "run_serve", "serving_venv", "start_server"]
+__all__ = [
+    "DEFAULT_VENV",
+    "MODEL_NAME",
+    "OFFLINE_ENV",
+    "PolicyServer",
+    "PolicyServerError",
+    "default_cache",
+    "has_nvidia_gpu",
+    "prepare_model",
+    "run_prepare",
+    "run_serve",
+    "serving_venv",
+    "start_server",
+]

