@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.code_gen import FAMILIES, make_row, reference_solution  # noqa: E402
+from envs.code_families import FAMILIES, make_row, reference_solution  # noqa: E402
 from envs.sandbox import Limits, run_program  # noqa: E402
 
 

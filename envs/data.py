@@ -12,6 +12,8 @@ in the middle of a training run. Files are read line by line, so preparing or bl
 file larger than memory works; every output is written to a temporary file beside its
 destination and renamed into place, so a failure never leaves a half-written dataset.
 
+Checking a row is envs/data_rows.py.
+
     DataError(FarmError)      a file with invalid rows (`.errors`: RowError with line numbers),
                               or inputs that cannot be read
 """
@@ -27,22 +29,25 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Collection, Iterator, Mapping, Optional
+from typing import IO, Collection, Iterator, Optional
 
+from envs.data_rows import AGENT_TYPE, RowError, RowTypeOf, check_row, check_type, read_rows, row_types
 from farm.errors import FarmError
 
-AGENT_TYPE = "responses_api_agents"
-ROLES = {"system", "developer", "user", "assistant", "tool"}
+__all__ = [
+    "AGENT_TYPE",
+    "DataError",
+    "RowError",
+    "Summary",
+    "check_row",
+    "read_rows",
+    "row_types",
+    "run_blend",
+    "run_generate",
+    "run_prepare",
+]
+
 MAX_REPORTED = 20  # errors listed in a DataError message; all are counted
-
-
-@dataclass
-class RowError:
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.message}"
 
 
 class DataError(FarmError):
@@ -80,130 +85,6 @@ class Summary:
 
 def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
-
-
-# -- validation ----------------------------------------------------------------------------
-RowTypeOf = Callable[[str], Optional[type]]
-
-
-def row_types(agent_envs: Optional[Mapping[str, str]] = None) -> RowTypeOf:
-    """agent name -> the Row type of the environment serving it (configured agents through
-    `agent_envs`, else the environment of that name); None for agents without one (`noop`).
-    Each environment class is looked up once."""
-    from envs.sdk import available_envs
-
-    envs = available_envs()
-    found: dict[str, Optional[type]] = {}
-
-    def of(agent: str) -> Optional[type]:
-        if agent not in found:
-            env = (agent_envs or {}).get(agent, agent)
-            found[agent] = getattr(envs[env].load(), "row_type", None) if env in envs else None
-        return found[agent]
-
-    return of
-
-
-def check_row(
-    row: object,
-    *,
-    agents: Optional[Collection[str]] = None,
-    need_agent_ref: bool = True,
-    row_type_of: Optional[RowTypeOf] = None,
-) -> list[str]:
-    """What is wrong with one decoded row (empty when nothing), phrased for a person. With
-    `row_type_of`, the row is also checked against its agent's environment's Row type."""
-    if not isinstance(row, dict):
-        return [f"a row must be a JSON object, not {type(row).__name__}"]
-    problems = []
-    params = row.get("responses_create_params")
-    if params is None:
-        problems.append("missing `responses_create_params`")
-    elif not isinstance(params, dict):
-        problems.append("`responses_create_params` must be an object")
-    else:
-        problems += _check_input(params.get("input"))
-        problems += _check_tools(params.get("tools"))
-    follow = row.get("follow_up_messages")
-    if follow is not None and not (isinstance(follow, list) and all(isinstance(m, (str, dict)) for m in follow)):
-        problems.append("`follow_up_messages` must be a list of strings or messages")
-    ref = row.get("agent_ref")
-    if ref is None:
-        if need_agent_ref:
-            problems.append("missing `agent_ref` (give --agent NAME to add one)")
-    elif not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not ref["name"]:
-        problems.append('`agent_ref` must be {"type": "responses_api_agents", "name": "<agent>"}')
-    elif ref.get("type", AGENT_TYPE) != AGENT_TYPE:
-        problems.append(f"`agent_ref.type` must be {AGENT_TYPE!r}, not {ref.get('type')!r}")
-    elif agents is not None and ref["name"] not in agents:
-        problems.append(f"unknown agent_ref name {ref['name']!r}; known: {', '.join(sorted(agents)) or 'none'}")
-    elif row_type_of is not None and not problems:
-        problems += _check_type(row, row_type_of(ref["name"]))
-    return problems
-
-
-def _check_type(row: dict, row_type: Optional[type]) -> list[str]:
-    from envs.sdk import RowError, parse_row
-
-    if row_type is None:
-        return []
-    try:
-        parse_row(row, row_type)
-    except RowError as exc:
-        return [str(exc)]
-    return []
-
-
-def _check_input(items: object) -> list[str]:
-    if isinstance(items, str):
-        return [] if items.strip() else ["`responses_create_params.input` is an empty string"]
-    if not isinstance(items, list):
-        return ["`responses_create_params.input` must be a string or a list of messages"]
-    if not items:
-        return ["`responses_create_params.input` is empty"]
-    for i, m in enumerate(items):
-        where = f"`responses_create_params.input[{i}]`"
-        if not isinstance(m, dict):
-            return [f"{where} must be an object"]
-        if m.get("role") not in ROLES:
-            return [f"{where} has role {m.get('role')!r}; expected one of {', '.join(sorted(ROLES))}"]
-        content = m.get("content", "")
-        if not isinstance(content, str) and not (
-            isinstance(content, list) and all(isinstance(p, dict) for p in content)
-        ):
-            return [f"{where}.content must be a string or a list of content parts"]
-    return []
-
-
-def _check_tools(tools: object) -> list[str]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        return ["`responses_create_params.tools` must be a list"]
-    for i, t in enumerate(tools):
-        fn = t.get("function", t) if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            return [f"`responses_create_params.tools[{i}]` must be a function tool with a name"]
-        if not isinstance(fn.get("parameters", {}), dict):
-            return [f"`responses_create_params.tools[{i}].parameters` must be a JSON schema object"]
-    return []
-
-
-def read_rows(path: str | Path) -> Iterator[tuple[int, object]]:
-    """(line number, decoded value or a RowError) for every non-blank line, streamed."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield n, RowError(n, f"not UTF-8 text ({exc.reason} at byte {exc.start}) in {path}")
-                continue
-            if not line.strip():
-                continue
-            try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield n, RowError(n, f"invalid JSON: {exc.msg} at column {exc.colno}")
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -266,7 +147,7 @@ def run_generate(
     with atomic_output(output) as f:
         for i, row in enumerate(rows, 1):
             row = {**row, "agent_ref": dict(ref)}
-            problems = check_row(row) or _check_type(row, env.row_type)
+            problems = check_row(row) or check_type(row, env.row_type)
             if problems:
                 raise DataError(f"environment {env_name} generated an invalid row", [RowError(i, p) for p in problems])
             f.write(_dump(row))

@@ -15,6 +15,8 @@ this process is not waiting for (copies from the crashed run) are dropped, so no
 ever written twice. Ctrl-C sets a flag (no exception can land inside a write); the
 collector stops submitting, writes what it has and exits with 130.
 
+The options, the first pass over the input and the output files are producer/plan.py.
+
 Why it reads `ResultReader.batches()` rather than `client.results(tasks)`: `results` awaits
 a fixed set of tasks, whereas a sliding window needs "whatever finished next"; both read
 through the same reader, which dead-letters unreadable results. The reader's own
@@ -29,133 +31,34 @@ import logging
 import signal
 import sys
 import time
-import uuid
 from collections import defaultdict
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 from farm.client import FarmClient
 from farm.errors import ConfigError, FarmError, TransportError
-from farm.schema import AgentRef, ErrorKind, Rollout, Sampling, Task
+from farm.schema import AgentRef, ErrorKind, Rollout, Task
 from farm.settings import Settings
 from producer import metrics as metrics_mod
 from producer.output import (
-    BadLine,
-    InputError,
     InputRow,
     Journal,
     Paths,
-    done_keys,
     line_for,
-    read_json,
     read_records,
     read_rows,
-    repair_tail,
     to_parquet,
     write_json,
 )
+from producer.plan import CollectOptions, parse_repeats, plan, prepare_files
 from producer.pools import embedded_workers
 from producer.progress import Live, live_progress
+
+__all__ = ["CollectOptions", "parse_repeats", "run_collect"]  # the options live in producer.plan
 
 log = logging.getLogger("farm.collect")
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-@dataclass
-class CollectOptions:
-    input: Path
-    output: Path
-    agent: Optional[str] = None  # overrides every row's agent_ref.name
-    num_repeats: dict[str, int] = field(default_factory=lambda: {"default": 1})
-    limit: Optional[int] = None
-    concurrency: int = 256  # most tasks outstanding in Redis at once
-    timeout_s: Optional[float] = None  # per task, from submission
-    run_id: Optional[str] = None
-    strict: bool = False
-    resume: bool = False
-    overwrite: bool = False
-    format: str = "jsonl"  # or "parquet"
-    embedded: bool = False
-    worker_processes: int = 1  # per agent, with --embedded
-    worker_concurrency: Optional[int] = None  # per worker process, with --embedded
-    sampling: Sampling = field(default_factory=Sampling)
-    pass_threshold: float = 1.0
-    progress: bool = True
-    progress_every_s: float = 5.0  # a plain progress line this often when not on a terminal
-    max_bad_lines_shown: int = 20
-
-    def repeats_for(self, agent: str) -> int:
-        return self.num_repeats.get(agent, self.num_repeats.get("default", 1))
-
-
-def parse_repeats(text: str) -> dict[str, int]:
-    """`4` or `math=8,default=4` -> {"math": 8, "default": 4}."""
-    out: dict[str, int] = {"default": 1}
-    for part in (p.strip() for p in str(text).split(",") if p.strip()):
-        name, _, value = part.rpartition("=")
-        try:
-            k = int(value)
-        except ValueError:
-            raise ConfigError(f"--num-repeats: {part!r} is not NAME=K or K") from None
-        if k < 1:
-            raise ConfigError(f"--num-repeats: {part!r} must be >= 1")
-        out[name or "default"] = k
-    return out
-
-
-# -- planning: the first pass over the input -----------------------------------------------
-
-
-@dataclass
-class Plan:
-    rows: int = 0
-    pairs: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # agent -> (row, repeat) pairs
-    bad: list[BadLine] = field(default_factory=list)
-    bad_count: int = 0
-
-
-def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
-    """Check every line and count the work; raises InputError before anything is enqueued."""
-    out = out or sys.stderr
-    p = Plan()
-    for item in read_rows(options.input, options.agent, options.limit):
-        if isinstance(item, BadLine):
-            p.bad_count += 1
-            if len(p.bad) < options.max_bad_lines_shown:
-                p.bad.append(item)
-            continue
-        p.rows += 1
-        p.pairs[item.agent] += options.repeats_for(item.agent)
-    for b in p.bad:
-        print(f"{options.input}:{b.line}: skipped: {b.reason}", file=out)
-    if p.bad_count > len(p.bad):
-        print(f"... and {p.bad_count - len(p.bad)} more malformed lines", file=out)
-    if p.bad_count and options.strict:
-        raise InputError(
-            f"{p.bad_count} malformed line(s) in {options.input} (first: line {p.bad[0].line}); "
-            "nothing was enqueued (--strict)"
-        )
-    if p.rows == 0:
-        raise InputError(
-            f"no valid row in {options.input}"
-            + (f" ({p.bad_count} malformed line(s))" if p.bad_count else " (the file is empty)")
-            + "; nothing was enqueued"
-        )
-    from workers.agent import known_agents
-
-    known = known_agents(settings)
-    unknown = sorted(set(p.pairs) - known)
-    if unknown:
-        raise InputError(
-            f"unknown agent(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}. Nothing was enqueued"
-        )
-    for name in options.num_repeats:
-        if name != "default" and name not in p.pairs:
-            log.warning("--num-repeats names agent %r, which no row uses", name)
-    return p
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -361,45 +264,6 @@ def _sigint_as_flag(stop: asyncio.Event, loop: asyncio.AbstractEventLoop):
             loop.remove_signal_handler(sig)
 
 
-def _prepare_files(options: CollectOptions, paths: Paths) -> tuple[str, set[tuple[int, int]]]:
-    """The run id and the pairs already written; cuts torn lines, refuses to clobber."""
-    existing = [p for p in (paths.journal, paths.failures) if p.exists() and p.stat().st_size]
-    if paths.output != paths.journal and paths.output.exists() and not options.overwrite:
-        existing.insert(0, paths.output)
-    if existing and not (options.resume or options.overwrite):
-        raise InputError(
-            f"{existing[0]} already holds rollouts: pass --resume to complete it, or --overwrite to start again"
-        )
-    if options.overwrite and not options.resume:
-        for p in (paths.journal, paths.failures, paths.metrics, paths.run, paths.output):
-            p.unlink(missing_ok=True)
-    run_id = options.run_id
-    recorded = read_json(paths.run).get("run_id") if options.resume and paths.run.exists() else None
-    if recorded and run_id and recorded != run_id:
-        log.warning("--run-id %s differs from the recorded run id %s; using %s", run_id, recorded, run_id)
-    run_id = run_id or recorded or f"collect-{uuid.uuid4().hex[:12]}"
-    done: set[tuple[int, int]] = set()
-    if options.resume:
-        for p in (paths.journal, paths.failures):
-            cut = repair_tail(p)
-            if cut:
-                log.warning("%s: dropped a partial last line (%d bytes) left by an interrupted run", p, cut)
-        done = done_keys(paths.journal, paths.failures)
-    write_json(
-        paths.run,
-        {
-            "run_id": run_id,
-            "input": str(options.input),
-            "format": options.format,
-            "agent": options.agent,
-            "num_repeats": options.num_repeats,
-            "limit": options.limit,
-            "started_at": time.time(),
-        },
-    )
-    return run_id, done
-
-
 def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
     """Collect the input's rollouts into the output; returns a summary (exit_code, metrics, ...)."""
     if options.concurrency < 1:
@@ -413,7 +277,7 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
             raise ConfigError("--format parquet needs pyarrow (pip install pyarrow)") from None
     paths = Paths.for_output(options.output, options.format)
     work = plan(options, settings)  # raises before anything is enqueued
-    run_id, done = _prepare_files(options, paths)
+    run_id, done = prepare_files(options, paths)
     already: dict[str, int] = defaultdict(int)
     if done:
         for rec_agent, n in _done_per_agent(paths).items():

@@ -10,7 +10,8 @@ import random
 import pytest
 import yaml
 
-from envs.code_gen import FAMILIES, CodeGen, extract_code, generate, make_row, reference_solution
+from envs.code_families import FAMILIES, generate, make_row, reference_solution
+from envs.code_gen import CodeGen, extract_code
 from envs.sdk import Transcript
 from farm.schema import Sampling
 

@@ -36,24 +36,19 @@ import uuid
 from collections import Counter
 from typing import Optional
 
-import msgspec
-
-from farm import schema
 from farm.connection import connect
 from farm.errors import (
     ConfigError,
     FarmError,
     RedisAuthError,
     RedisUnavailable,
-    RolloutFailure,
-    SchemaError,
     TransportError,
 )
-from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
-from farm.transport import Outage, backoff_delay
+from farm.transport import Outage
 from workers.context import Agent, AgentContext
+from workers.outcome import Outcomes
 
 log = logging.getLogger("farm.worker")
 
@@ -149,6 +144,7 @@ class Worker:
         self.r = connect(self.settings)
         self.stream = AgentStream(self.r, self.settings.keys, self.agent_name, self.worker_id, self.outage)
         await self.stream.setup()
+        self.outcomes = Outcomes(self.settings, self.stream, self.agent, self.ctx, self.counters)
         self.settler = Settler(self.r, self.outage)
         self.settler.start()
         log.info(
@@ -286,11 +282,11 @@ class Worker:
     # -- one task ----------------------------------------------------------------------
     async def _handle(self, entry_id: str, fields: dict, deliveries: int, picked: float) -> None:
         try:
-            op = await self._outcome(entry_id, fields, deliveries, picked)
+            op = await self.outcomes.of(entry_id, fields, deliveries, picked)
             settled = await self.settler.run(op)
             if settled in BAD_REPLY:
                 self.counters[op[2][2]] -= 1  # counted as the refused settle's stat; it becomes a dead letter
-                settled = await self.settler.run(self._bad_reply_op(entry_id, fields, deliveries, settled))
+                settled = await self.settler.run(self.outcomes.bad_reply_op(entry_id, fields, deliveries, settled))
             if not settled:
                 self.counters["duplicate"] += 1
                 log.info("task settled elsewhere; dropped this result", extra={"entry": entry_id})
@@ -305,140 +301,6 @@ class Worker:
         finally:
             self.inflight.pop(entry_id, None)
             self._slot.set()
-
-    async def _outcome(self, entry_id: str, fields: dict, deliveries: int, picked: float) -> tuple:
-        s = self.settings
-        st = self.stream
-        try:
-            task = schema.decode_task(fields, s.max_entry_bytes)
-        except SchemaError as exc:
-            self.counters["dead"] += 1
-            log.error("dead-lettering unreadable entry", extra={"entry": entry_id, "reason": str(exc)})
-            return st.dead_op(entry_id, fields, exc.kind, str(exc), deliveries, self._salvage_reply(fields, exc))
-        if not s.keys.is_result_stream(task.reply_to):
-            self.counters["dead"] += 1
-            reason = f"reply_to {task.reply_to[:200]!r} {BAD_REPLY[-1]} ({s.keys.results_prefix()}RUN)"
-            log.error("dead-lettering task", extra={"task_id": task.task_id, "kind": "bad_reply_to", "reason": reason})
-            return st.dead_op(entry_id, fields, ErrorKind.bad_reply_to, reason, deliveries)
-
-        attempt = task.attempt + deliveries - 1
-        if attempt > s.max_attempts:
-            reason = (
-                f"delivered {attempt} times without finishing (max_attempts={s.max_attempts}); "
-                "the workers running it died or lost their lease"
-            )
-            return self._give_up(entry_id, fields, task, ErrorKind.max_attempts, reason, attempt, picked)
-        if task.deadline is not None and picked > task.deadline:
-            rollout = self._stamp(
-                Rollout.failure(task, ErrorKind.deadline, "deadline passed before the task started"),
-                task,
-                attempt,
-                picked,
-            )
-            self.counters["failed"] += 1
-            return st.reply_op(entry_id, rollout, task.reply_to)
-
-        limit = s.task_timeout_s
-        if task.deadline is not None:
-            limit = min(limit, task.deadline - picked)
-        task_for_agent = msgspec.structs.replace(task, attempt=attempt) if attempt != task.attempt else task
-        try:
-            rollout = await asyncio.wait_for(self.agent.run(task_for_agent, self.ctx), timeout=max(limit, 0.001))
-            if not isinstance(rollout, Rollout):
-                raise TypeError(f"agent returned {type(rollout).__name__}, not a Rollout")
-        except asyncio.CancelledError:
-            raise
-        except RolloutFailure as exc:
-            if exc.retryable:
-                return self._retry_or_give_up(entry_id, fields, task, attempt, str(exc.kind), exc.message, picked)
-            rollout = Rollout.failure(task, exc.kind, exc.message)
-        except asyncio.TimeoutError:
-            if task.deadline is not None and time.time() >= task.deadline:
-                rollout = Rollout.failure(task, ErrorKind.deadline, f"task deadline passed after {limit:.1f}s")
-            else:
-                return self._retry_or_give_up(
-                    entry_id, fields, task, attempt, ErrorKind.timeout, f"attempt ran past {limit:.1f}s", picked
-                )
-        except Exception as exc:
-            return self._retry_or_give_up(
-                entry_id, fields, task, attempt, ErrorKind.agent_error, f"{type(exc).__name__}: {exc}", picked
-            )
-        rollout, fields = self._fit(self._stamp(rollout, task, attempt, picked), task)
-        self.counters["done" if rollout.ok else "failed"] += 1
-        return st.reply_op(entry_id, rollout, task.reply_to, fields)
-
-    def _fit(self, rollout: Rollout, task: Task) -> tuple[Rollout, dict]:
-        """The rollout and its entry; one too big for any consumer to accept becomes a failure that says so."""
-        fields = schema.entry(rollout)
-        size = len(fields[b"d"])
-        if size <= self.settings.max_entry_bytes:
-            return rollout, fields
-        reason = f"rollout is {size:,} bytes, over max_entry_bytes={self.settings.max_entry_bytes:,}"
-        log.error("rollout too large", extra={"task_id": task.task_id, "reason": reason})
-        failed = msgspec.structs.replace(
-            Rollout.failure(task, ErrorKind.too_large, reason),
-            worker_id=rollout.worker_id,
-            attempt=rollout.attempt,
-            timings=rollout.timings,
-            finished_at=rollout.finished_at,
-        )
-        return failed, schema.entry(failed)
-
-    def _bad_reply_op(self, entry_id: str, fields: dict, deliveries: int, code: int) -> tuple:
-        """SETTLE refused the reply stream: dead-letter the task with the reason instead (nothing lost)."""
-        reply_to = schema.salvage(fields).get("reply_to", "?")
-        reason = f"reply_to {str(reply_to)[:200]!r} {BAD_REPLY[code]}"
-        self.counters["dead"] += 1
-        log.error("dead-lettering task", extra={"entry": entry_id, "kind": "bad_reply_to", "reason": reason})
-        return self.stream.dead_op(entry_id, fields, ErrorKind.bad_reply_to, reason, deliveries)
-
-    def _retry_or_give_up(
-        self, entry_id: str, fields: dict, task: Task, attempt: int, kind: str, message: str, picked: float
-    ) -> tuple:
-        s = self.settings
-        if attempt >= s.max_attempts:
-            return self._give_up(
-                entry_id, fields, task, kind, f"failed {attempt} attempts; last: {message}", attempt, picked
-            )
-        delay = backoff_delay(s.retry_backoff_s, s.retry_backoff_max_s, attempt - 1)
-        self.counters["retried"] += 1
-        log.info(
-            "retrying task",
-            extra={
-                "task_id": task.task_id,
-                "attempt": attempt,
-                "kind": str(kind),
-                "reason": message,
-                "delay_s": round(delay, 3),
-            },
-        )
-        retry = msgspec.structs.replace(task, attempt=attempt + 1)
-        return self.stream.retry_op(entry_id, retry, time.time() + delay)
-
-    def _give_up(
-        self, entry_id: str, fields: dict, task: Task, kind: str, reason: str, attempt: int, picked: float
-    ) -> tuple:
-        self.counters["dead"] += 1
-        log.error("dead-lettering task", extra={"task_id": task.task_id, "kind": str(kind), "reason": reason})
-        rollout = self._stamp(Rollout.failure(task, kind, reason), task, attempt, picked)
-        return self.stream.dead_op(entry_id, fields, str(kind), reason, attempt, (task.reply_to, rollout))
-
-    def _salvage_reply(self, fields: dict, exc: SchemaError) -> Optional[tuple[str, Rollout]]:
-        """Address a failed rollout to whoever waits for an unreadable task, when we can tell who."""
-        info = schema.salvage(fields)
-        if not self.settings.keys.is_result_stream(info.get("reply_to")):
-            return None
-        rollout = schema.salvaged_failure(info, exc.kind, str(exc), worker_id=self.worker_id)
-        return None if rollout is None else (info["reply_to"], rollout)
-
-    def _stamp(self, rollout: Rollout, task: Task, attempt: int, picked: float) -> Rollout:
-        now = time.time()
-        timings = msgspec.structs.replace(
-            rollout.timings, queue_wait_s=max(0.0, picked - task.created_at), total_s=now - picked
-        )
-        return msgspec.structs.replace(
-            rollout, worker_id=self.worker_id, attempt=attempt, timings=timings, finished_at=now
-        )
 
     # -- background chores -------------------------------------------------------------
     async def _maintenance(self) -> None:

@@ -34,7 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from envs.sandbox import isolation
+from envs.sandbox import cgroups, isolation
 from envs.sandbox.result import Limits, SandboxError, SandboxResult
 from envs.sandbox.run import run_program
 
@@ -161,9 +161,9 @@ def serve(redis_url: str, queue: str = QUEUE, name: Optional[str] = None) -> Non
     if os.geteuid() == 0:
         lease = isolation.UidLease()
         uid = lease.__enter__()
-        delegated = isolation.delegate_cgroups(uid)
+        delegated = cgroups.delegate_cgroups(uid)
         if delegated:
-            os.environ[isolation.DELEGATED] = delegated
+            os.environ[cgroups.DELEGATED] = delegated
         isolation.can_unshare()  # probed (and cached) before the drop, as the runs will be made
         os.chdir("/")
         isolation.drop_to(uid)

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from envs.sandbox import isolation
+from envs.sandbox import cgroups, isolation
 from envs.sandbox.result import Limits, SandboxError, SandboxResult, SandboxUnavailable
 
 RUNNER = Path(__file__).with_name("runner.py")
@@ -113,7 +113,7 @@ def _run(
 ) -> SandboxResult:
     scratch = Path(tempfile.mkdtemp(prefix="farm-sandbox-"))  # ours: outputs, never visible to the child
     workdir = Path(tempfile.mkdtemp(prefix="farm-sandbox-run-"))  # the child's, the only place it may write
-    cgroup = isolation.RunCgroup(limits, nproc)
+    cgroup = cgroups.RunCgroup(limits, nproc)
     isolation_record = {
         "uid": uid is not None or os.geteuid() != 0,
         "namespaces": namespaces,
