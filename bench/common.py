@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import redis
+
+from workers.up import worker_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,18 +74,7 @@ class WorkerPool:
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             **env,
         )
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "farm",
-            "worker",
-            "--agent",
-            agent,
-            "--processes",
-            "1",
-            "--concurrency",
-            str(concurrency),
-        ]
+        self.cmd = worker_command(agent, 1, concurrency)
         self.processes, self.log_dir, self.label = processes, log_dir, label
         self.children: list[subprocess.Popen] = []
 

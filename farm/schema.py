@@ -70,20 +70,21 @@ def pack_f32(values: Iterable[float]) -> bytes:
     return a.tobytes()
 
 
-def unpack_i32(data: bytes) -> array:
-    a = array("i")
+def _unpack(typecode: str, data: bytes) -> array:
+    """Little-endian bytes (as packed) as an array of `typecode`, on any host."""
+    a = array(typecode)
     a.frombytes(data)
     if not _LITTLE:
         a.byteswap()
     return a
+
+
+def unpack_i32(data: bytes) -> array:
+    return _unpack("i", data)
 
 
 def unpack_f32(data: bytes) -> array:
-    a = array("f")
-    a.frombytes(data)
-    if not _LITTLE:
-        a.byteswap()
-    return a
+    return _unpack("f", data)
 
 
 class AgentRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

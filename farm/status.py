@@ -58,15 +58,7 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
     console = console or Console()
     if where:
         console.print(where, highlight=False, soft_wrap=True)
-    t = Table(title="agents", title_justify="left", pad_edge=False, box=None)
-    for col in ("agent", "queued", "pending", "lag", "delayed", "dead", "done", "failed", "retried"):
-        t.add_column(
-            col,
-            justify="left" if col == "agent" else "right",
-            no_wrap=True,
-            overflow="ellipsis",
-            max_width=20 if col == "agent" else None,
-        )
+    t = agent_table("agents", ("queued", "pending", "lag", "delayed", "dead", "done", "failed", "retried"), 20)
     for agent, row in status["agents"].items():
         c = row["counters"]
         t.add_row(
@@ -138,3 +130,15 @@ def run_status(settings, *, as_json: bool = False, watch_s: Optional[float] = No
         return 0
     finally:
         r.close()
+
+
+def agent_table(title: str, columns: tuple[str, ...], agent_width: int):
+    """A borderless rich Table with an `agent` column (cut at agent_width) and right-aligned numbers,
+    as `farm status` and `farm collect` print them within 80 columns."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", pad_edge=False, box=None)
+    t.add_column("agent", justify="left", no_wrap=True, overflow="ellipsis", max_width=agent_width)
+    for col in columns:
+        t.add_column(col, justify="right", no_wrap=True, overflow="ellipsis")
+    return t

@@ -18,7 +18,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -27,6 +26,7 @@ from farm.client import FarmClient
 from farm.embedded import ensure_redis
 from farm.schema import Task
 from farm.settings import Settings
+from workers.up import worker_command
 
 
 def demo_rows(n: int) -> list[dict]:
@@ -193,21 +193,7 @@ def _demo(
 ) -> dict:
     with ensure_redis(settings) as s:
         env = dict(os.environ, FARM_REDIS_URL=s.redis_url, FARM_NAMESPACE=s.namespace, **extra_env)
-        pool = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "farm",
-                "worker",
-                "--agent",
-                agent,
-                "--processes",
-                str(processes),
-                "--concurrency",
-                str(concurrency),
-            ],
-            env=env,
-        )
+        pool = subprocess.Popen(worker_command(agent, processes, concurrency), env=env)
         try:
             _wait_for_workers(s, processes, pool)
             summary = asyncio.run(_run_batch(s, rows, timeout_s, agent, 4, sampling))

@@ -163,18 +163,11 @@ def aggregate_files(*paths: Path, threshold: float = 1.0) -> dict[str, dict[str,
 def render(metrics: dict[str, dict[str, Any]], title: str = "farm collect") -> None:
     """The per-agent table, in 80 columns: the essentials here, every figure in the metrics file."""
     from rich.console import Console
-    from rich.table import Table
+
+    from farm.status import agent_table
 
     console = Console(width=min(80, Console().width))
-    t = Table(title=title, title_justify="left", pad_edge=False, box=None)
-    for col in ("agent", "rows", "rollouts", "failed", "reward", "pass@k", "maj@k", "p50 s", "tok/s"):
-        t.add_column(
-            col,
-            justify="left" if col == "agent" else "right",
-            no_wrap=True,
-            overflow="ellipsis",
-            max_width=18 if col == "agent" else None,
-        )
+    t = agent_table(title, ("rows", "rollouts", "failed", "reward", "pass@k", "maj@k", "p50 s", "tok/s"), 18)
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     for agent, m in metrics.items():
         t.add_row(

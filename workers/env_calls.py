@@ -24,6 +24,25 @@ from farm.schema import ErrorKind, Rollout, Status, Task, Timings
 from workers.chat import BadToolCall, ToolCall, input_messages
 
 
+class EnvironmentAgent:
+    """What the agents that run an environment share: the environment's setup before the first
+    task, and on close the policy's connections, then the environment's pools and sandboxes."""
+
+    env: Environment
+
+    async def setup(self) -> None:
+        await self.env.setup()
+
+    async def close_policy(self) -> None:
+        """Close the agent's own connections to the policy (each agent kind has its own)."""
+
+    async def aclose(self) -> None:
+        try:
+            await self.close_policy()
+        finally:
+            await self.env.aclose()
+
+
 def read_row(env: Environment, row: dict) -> tuple[Any, dict, list[dict], list[str]]:
     """The row as the environment's typed Row, its `responses_create_params`, its input as chat
     messages, and its follow-up user texts. A row that does not fit is `malformed`, before any model call."""

@@ -30,7 +30,7 @@ from farm.schema import ErrorKind, Rollout, Task, Timings
 from farm.settings import Settings
 from workers.chat import TOOL_SYSTEM, BadToolCall, ToolCall, chat_tools, parse_tool_calls
 from workers.context import AgentContext
-from workers.env_calls import read_row, run_call, sampling_for, scored
+from workers.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
 from workers.openai_pool import ContextOverflow, Replicas
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class ResponsesConversation:
 Conversation = Union[ChatConversation, ResponsesConversation]
 
 
-class HostedAgent:
+class HostedAgent(EnvironmentAgent):
     def __init__(
         self,
         env: Environment,
@@ -195,15 +195,8 @@ class HostedAgent:
         self.schemas = [t.schema() for t in self.tools.values()]
         self.replicas = replicas or Replicas(settings)
 
-    async def setup(self) -> None:
-        """The environment's setup (its pools, clients), once, before the worker fetches a task."""
-        await self.env.setup()
-
-    async def aclose(self) -> None:
-        try:
-            await self.replicas.aclose()
-        finally:
-            await self.env.aclose()
+    async def close_policy(self) -> None:
+        await self.replicas.aclose()
 
     async def run(self, task: Task, ctx: AgentContext) -> Rollout:
         row, params, messages, followups = read_row(self.env, task.row)

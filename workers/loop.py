@@ -24,7 +24,7 @@ from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings, TokenTrace
 from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
 from workers.context import AgentContext
-from workers.env_calls import read_row, run_call, sampling_for, scored
+from workers.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
 from workers.policy import ContextOverflow, PolicyClient, Session
 
 
@@ -53,7 +53,7 @@ class Episode:
     sent: Optional[list[int]] = None
 
 
-class PolicyAgent:
+class PolicyAgent(EnvironmentAgent):
     def __init__(
         self, env: Environment, policy: PolicyClient, tokenizer: ChatTokenizer, settings: Optional[AgentSettings] = None
     ):
@@ -64,15 +64,8 @@ class PolicyAgent:
         self.tools: dict[str, Tool] = {t.name: t for t in env.tools()}
         self.schemas = chat_tools([t.schema() for t in self.tools.values()])
 
-    async def setup(self) -> None:
-        """The environment's setup (its pools, clients), once, before the worker fetches a task."""
-        await self.env.setup()
-
-    async def aclose(self) -> None:
-        try:
-            await self.policy.aclose()
-        finally:
-            await self.env.aclose()
+    async def close_policy(self) -> None:
+        await self.policy.aclose()
 
     def ready(self) -> bool:
         """Whether some policy replica can take a request now (the worker fetches only then).

@@ -77,6 +77,18 @@ def parse_up(path: str | os.PathLike) -> dict[str, Any]:
     return {"redis": up.get("redis", "embedded"), "policy": policy, "pools": pools, "dashboard": up.get("dashboard")}
 
 
+def worker_command(
+    agent: str, processes: int = 1, concurrency: Optional[int] = None, impl: Optional[str] = None
+) -> list[str]:
+    """The `farm worker` command line of one pool (settings travel as FARM_* variables, never here)."""
+    cmd = [sys.executable, "-m", "farm", "worker", "--agent", agent, "--processes", str(processes)]
+    if concurrency:
+        cmd += ["--concurrency", str(concurrency)]
+    if impl:
+        cmd += ["--impl", impl]
+    return cmd
+
+
 def start_pools(
     stack: ExitStack, settings: Settings, pools: list[Pool], env: dict[str, str], log_dir: Path, prefix: str = "worker"
 ) -> list[subprocess.Popen]:
@@ -85,11 +97,7 @@ def start_pools(
     procs: list[subprocess.Popen] = []
     stack.callback(stop_all, procs)
     for pool in pools:
-        cmd = [sys.executable, "-m", "farm", "worker", "--agent", pool.agent, "--processes", str(pool.processes)]
-        if pool.concurrency:
-            cmd += ["--concurrency", str(pool.concurrency)]
-        if pool.impl:
-            cmd += ["--impl", pool.impl]
+        cmd = worker_command(pool.agent, pool.processes, pool.concurrency, pool.impl)
         out = open(log_dir / f"{prefix}-{pool.agent}.log", "ab")
         stack.callback(out.close)
         procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
