@@ -20,7 +20,7 @@ import time
 import pytest
 
 from envs.cpu import CpuPool
-from envs.sdk import AgentSettings, Environment, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
 from farm.client import FarmClient
 from workers.loop import PolicyAgent
 from workers.policy import Completion
@@ -42,15 +42,20 @@ def spin(seconds: float) -> float:
     return seconds
 
 
+class SpinRow(Row):
+    spin_s: float = 0.0  # CPU seconds the verifier burns
+
+
 class Spinner(Environment):
     name = "spinner"
     agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=30)
+    row_type = SpinRow
 
     def __init__(self, pool: CpuPool, inline: bool = False):
         self.pool, self.inline = pool, inline
 
-    async def verify(self, row: dict, state, transcript: Transcript) -> Verdict:
-        seconds = row.get("spin_s", 0.0)
+    async def verify(self, row: SpinRow, state, transcript: Transcript) -> Verdict:
+        seconds = row.spin_s
         if seconds and self.inline:
             spin(seconds)  # the mistake: CPU work on the event loop
         elif seconds:
