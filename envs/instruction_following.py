@@ -11,7 +11,7 @@ object per instruction, IFEval's names), `prompt`, and optionally `grading_mode`
 level or under `verifier_metadata` (NeMo Gym's newer layout; its values win), so a row
 exported by NeMo Gym or taken from IFEval loads unchanged.
 
-Verifier: every instruction is checked against the model's final answer (envs/ifeval_checks.py,
+Verifier: every instruction is checked against the model's final answer (envs/ifeval/,
 no downloads at run time). The reward is 1 when all are followed (`binary`) or the share
 followed (`fraction`); the environment's `grading` sets the default and a row's
 `grading_mode` overrides it. Each instruction's result is a reward component named by its id.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from typing import Any, Optional
 
-from envs.ifeval_checks import GENERATABLE, REGISTRY, Instruction, InstructionError, check_instruction
+from envs.ifeval import GENERATABLE, REGISTRY, Instruction, InstructionError, check_instruction
 from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
 
 GRADING_MODES = ("binary", "fraction")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from envs.ifeval_checks import (
+from envs.ifeval import (
     GENERATABLE,
     REGISTRY,
     InstructionError,
