@@ -50,3 +50,17 @@ def test_an_environment_reaching_past_the_sdk_breaks_its_contract():
 
 def test_the_sdk_importing_an_environment_breaks_its_contract():
     assert "envs.sdk.PROBE -> envs.math" in broken_by("envs/sdk", "import envs.math")
+
+
+PACKAGES = ("farm", "workers", "envs", "producer", "trainer")
+
+
+def test_no_module_is_over_400_lines():
+    """A module is one concept; past 400 lines it is usually two (ruff's PLR0915 bounds functions at 60 statements)."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert long == {}

@@ -1,0 +1,108 @@
+"""Dataset commands (data generate, prepare, blend) and shell completion."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from farm.cli.base import CONTEXT, COUNT, Globals, cli, pass_globals
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+@cli.group(context_settings=CONTEXT)
+def data() -> None:
+    """Dataset files: generate rows, prepare (validate) JSONL, blend several."""
+
+
+def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--option")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+@data.command(
+    "generate",
+    epilog="Examples:\n\n  farm data generate mcqa --size 100 -o mcqa.jsonl\n\n"
+    "  farm data generate reasoning_gym --size 50 -o rg.jsonl --option tasks='[\"basic_arithmetic\"]'\n\n"
+    "  farm data generate code_gen --size 20 --seed 3 -o -",
+)
+@click.argument("env")
+@click.option("--size", type=COUNT, required=True, help="number of rows.")
+@click.option("--seed", type=int, default=0, show_default=True, help="random seed.")
+@click.option("--agent", default=None, help="agent_ref name of every row (default: the environment's name).")
+@click.option("-o", "--output", required=True, help="JSONL file to write ('-': stdout).")
+@click.option(
+    "--option",
+    "env_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="an environment option (JSON values: --option tasks='[\"leg_counting\"]'); repeatable.",
+)
+def data_generate(env, size, seed, agent, output, env_options) -> int:
+    """Rows from an environment's generator, deterministic by seed."""
+    from envs import data as data_mod
+
+    data_mod.run_generate(env, size, seed, output, agent=agent, options=_options(env_options))
+    return 0
+
+
+@data.command("prepare", epilog="Example:\n\n  farm data prepare nemo_rows.jsonl --agent mcqa -o rows.jsonl")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--agent", default=None, help="agent_ref name for rows without one.")
+@click.option("--replace-agent", is_flag=True, help="route every row to --agent.")
+@click.option("-o", "--output", default=None, help="where to write (default: replace PATH atomically).")
+@click.option("--lenient", is_flag=True, help="drop invalid rows instead of failing.")
+@click.option("--no-check-agents", is_flag=True, help="accept agent_ref names that nothing defines.")
+@pass_globals
+def data_prepare(g: Globals, path, agent, replace_agent, output, lenient, no_check_agents) -> int:
+    """Validate a JSONL file (errors by line number), add missing agent_refs."""
+    from envs import data as data_mod
+    from workers.agent import known_agents
+
+    settings = g.settings()
+    agents = None if no_check_agents else known_agents(settings)
+    types = None if no_check_agents else data_mod.row_types({n: a.env for n, a in settings.agents.items()})
+    data_mod.run_prepare(
+        path,
+        agent=agent,
+        output=output,
+        strict=not lenient,
+        agents=agents,
+        replace_agent=replace_agent,
+        row_type_of=types,
+    )
+    return 0
+
+
+@data.command("blend", epilog="Example:\n\n  farm data blend a.jsonl b.jsonl -o mix.jsonl")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", required=True, help="JSONL file to write ('-': stdout).")
+@click.option("--seed", type=int, default=0, show_default=True, help="random seed.")
+@click.option("--no-balance", is_flag=True, help="take every row of every input (default: as many as the smallest).")
+def data_blend(inputs, output, seed, no_balance) -> int:
+    """An even, shuffled mix of several prepared JSONL files."""
+    from envs import data as data_mod
+
+    data_mod.run_blend(list(inputs), output, balance=not no_balance, seed=seed)
+    return 0
+
+
+@cli.command(epilog='Example:\n\n  eval "$(farm completion bash)"')
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell) -> int:
+    """Print the shell completion script for SHELL."""
+    from click.shell_completion import get_completion_class
+
+    comp = get_completion_class(shell)(cli, {}, "farm", "_FARM_COMPLETE")
+    click.echo(comp.source())
+    return 0

