@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
+from typing import Any, Optional
 
 from envs.workplace.office import DAY_END, DAY_START, Office, ToolError
 
@@ -33,6 +33,12 @@ def _record(table: dict, value: Any, name: str) -> dict:
     if key not in table:
         raise ToolError(f"no record with {name} {key!r}")
     return table[key]
+
+
+def _record_view(table: dict, value: Any, name: str, field: Optional[str]) -> dict:
+    """A record by id, whole or one field of it (the get_*_information_by_id tools)."""
+    record = _record(table, value, name)
+    return dict(record) if field is None else {field: record[_field(field, list(record))]}
 
 
 def _date(value: Any, name: str) -> str:

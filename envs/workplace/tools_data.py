@@ -14,6 +14,7 @@ from envs.workplace.checks import (
     _page,
     _range,
     _record,
+    _record_view,
     _text,
 )
 from envs.workplace.office import (
@@ -133,8 +134,7 @@ def analytics_count_records(office: Office, table: str, group_by: str) -> dict:
     ),
 )
 def project_management_get_task_information_by_id(office: Office, task_id: str, field: Optional[str] = None) -> dict:
-    record = _record(office.tasks, task_id, "task_id")
-    return dict(record) if field is None else {field: record[_field(field, list(record))]}
+    return _record_view(office.tasks, task_id, "task_id", field)
 
 
 @TOOLS.tool(

@@ -14,6 +14,7 @@ from envs.workplace.checks import (
     _page,
     _range,
     _record,
+    _record_view,
     _text,
 )
 from envs.workplace.office import (
@@ -52,8 +53,7 @@ def company_directory_get_employee_information(office: Office, email: str) -> di
     ),
 )
 def email_get_email_information_by_id(office: Office, email_id: str, field: Optional[str] = None) -> dict:
-    record = _record(office.emails, email_id, "email_id")
-    return dict(record) if field is None else {field: record[_field(field, list(record))]}
+    return _record_view(office.emails, email_id, "email_id", field)
 
 
 @TOOLS.tool(
@@ -149,8 +149,7 @@ def email_reply_email(office: Office, email_id: str, body: str) -> str:
     ),
 )
 def calendar_get_event_information_by_id(office: Office, event_id: str, field: Optional[str] = None) -> dict:
-    record = _record(office.events, event_id, "event_id")
-    return dict(record) if field is None else {field: record[_field(field, list(record))]}
+    return _record_view(office.events, event_id, "event_id", field)
 
 
 @TOOLS.tool(
