@@ -6,6 +6,8 @@
 {ns}:stats:{agent}      hash of counters: done, failed, retried, dead, duplicate
 {ns}:results:{run}      stream of Rollouts for one run (a task's reply_to; nothing else may be)
 {ns}:dead-results       stream of result entries a consumer could not decode (entry + reason)
+{ns}:hist:{agent}:{min} hash of one minute's history of an agent (farm.history; expires)
+{ns}:samples:{agent}    capped stream of sampled rollouts, for the dashboard's rollout viewer
 {ns}:agents             set of agent names that ever had tasks
 {ns}:worker:{id}        heartbeat of a live worker (JSON, expires)
 """
@@ -55,6 +57,12 @@ class Keys:
         """Whether `key` may be a task's reply_to: a result stream of this namespace, nothing else."""
         prefix = self.results_prefix()
         return isinstance(key, str) and key.startswith(prefix) and _NAME.match(key[len(prefix) :]) is not None
+
+    def history(self, agent: str, minute: int) -> str:
+        return f"{self.ns}:hist:{check_name(agent, 'agent name')}:{int(minute)}"
+
+    def samples(self, agent: str) -> str:
+        return f"{self.ns}:samples:{check_name(agent, 'agent name')}"
 
     def dead_results(self) -> str:
         return f"{self.ns}:dead-results"

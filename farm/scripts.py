@@ -14,12 +14,16 @@ import hashlib
 
 # Settle one task: write what it produced, then acknowledge it, in one script, so a task is
 # never acknowledged unless its rollout (or dead letter) was written.
-# KEYS: tasks stream, stats hash, then one stream per appended entry.
+# KEYS: tasks stream, stats hash, the minute's history bucket (farm.history), then one stream
+# per appended entry.
 # ARGV: group, entry id, stats field, result-stream prefix, index in KEYS of the reply stream
-# (0: none), then for each appended stream: n, field1, value1, ...
+# (0: none), m, bucket TTL seconds, then m (field, increment) pairs for the bucket, then for
+# each appended stream: n, maxlen (0: uncapped), the stats field that counts trimmed entries
+# ('' : not counted), field1, value1, ... (n pairs).
 # Returns 1 settled; 0 already settled (not pending: a replay, or another worker's reclaim);
 # -1 the reply stream is outside the namespace's result streams; -2 an appended key holds a
-# value that is not a stream. On -1/-2 nothing is written or acknowledged.
+# value that is not a stream. On -1/-2 nothing is written or acknowledged. The bucket and the
+# stats are counted only by the settle that acknowledges, so nothing is counted twice.
 SETTLE = """
 if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
 local reply = tonumber(ARGV[5])
@@ -27,21 +31,32 @@ if reply > 0 then
   local key, prefix = KEYS[reply], ARGV[4]
   if #key <= #prefix or string.sub(key, 1, #prefix) ~= prefix then return -1 end
 end
-for k = 3, #KEYS do
+for k = 4, #KEYS do
   local t = redis.call('TYPE', KEYS[k])['ok']
   if t ~= 'none' and t ~= 'stream' then return -2 end
 end
-local a = 6
-for k = 3, #KEYS do
-  local n = tonumber(ARGV[a]); a = a + 1
+local m = tonumber(ARGV[6])
+local a = 8 + 2 * m
+for k = 4, #KEYS do
+  local n, maxlen, dropstat = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
+  a = a + 3
   local fields = {}
   for j = 1, 2 * n do fields[j] = ARGV[a]; a = a + 1 end
   local ok = redis.pcall('XADD', KEYS[k], '*', unpack(fields))
   if type(ok) == 'table' and ok['err'] then return ok end
+  if maxlen > 0 then
+    local dropped = redis.call('XTRIM', KEYS[k], 'MAXLEN', maxlen)
+    if dropped > 0 and dropstat ~= '' then redis.call('HINCRBY', KEYS[2], dropstat, dropped) end
+  end
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+local bucket = redis.call('TYPE', KEYS[3])['ok']
+if m > 0 and (bucket == 'none' or bucket == 'hash') then
+  for i = 0, m - 1 do redis.call('HINCRBYFLOAT', KEYS[3], ARGV[8 + 2 * i], ARGV[9 + 2 * i]) end
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
+end
 return 1
 """
 
@@ -100,5 +115,23 @@ end
 return n
 """
 
-SOURCES = {"settle": SETTLE, "retry": RETRY, "promote": PROMOTE, "renew": RENEW, "release": RELEASE}
+# Remove the consumers of workers that are gone: no pending entries and idle past ARGV[2] ms
+# (a live worker touches the group every block_ms). Atomic, so an entry delivered to a consumer
+# between the check and the delete cannot be lost with it. KEYS: tasks stream. ARGV: group,
+# idle ms, the caller's own consumer (never removed). Returns how many were removed.
+PRUNE = """
+local n = 0
+local idle = tonumber(ARGV[2])
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local info = {}
+  for j = 1, #c, 2 do info[c[j]] = c[j + 1] end
+  if info['pending'] == 0 and info['idle'] > idle and info['name'] ~= ARGV[3] then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
+    n = n + 1
+  end
+end
+return n
+"""
+
+SOURCES = {"prune": PRUNE, "settle": SETTLE, "retry": RETRY, "promote": PROMOTE, "renew": RENEW, "release": RELEASE}
 SHAS = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in SOURCES.items()}

@@ -67,6 +67,15 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     socket_timeout_s: float = 30.0
     redis_down_max_s: float = 120.0  # any process gives up after Redis is gone this long
     max_entry_bytes: int = 32 * 1024 * 1024  # larger task or result entries are dead-lettered, not decoded
+    # What workers record for the dashboards (farm.history), in the settle's own round trip.
+    history: bool = True  # per-minute buckets per agent
+    history_ttl_s: int = 6 * 3600  # how long a minute's bucket is kept
+    pass_threshold: float = 1.0  # a reward at least this counts as a pass
+    sample_every: int = 10  # 1 rollout in N is kept in the agent's sample stream (0: none)
+    sample_keep: int = 200  # rollouts kept in each sample stream
+    dead_maxlen: int = 100_000  # dead letters kept per agent; older ones are dropped and counted
+    consumer_idle_s: float = 300.0  # a group consumer with nothing pending, idle this long, is removed
+    summary_every_s: float = 60.0  # a worker logs a one-line summary this often
     no_workers_timeout_s: float = 300.0  # `farm collect` gives up on an agent that has had no live worker this long
     # Policy: the OpenAI-compatible servers (vLLM) the agent loops call.
     policy_urls: list[str] = []  # FARM_POLICY_URLS: comma-separated base URLs
@@ -110,6 +119,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "restart_window_s",
             "max_entry_bytes",
             "no_workers_timeout_s",
+            "history_ttl_s",
+            "sample_keep",
+            "dead_maxlen",
+            "consumer_idle_s",
+            "summary_every_s",
         )
         for name in self.__struct_fields__:
             value = getattr(self, name)
@@ -120,6 +134,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.policy_max_retries < 0:
             raise ValueError("policy_max_retries must be >= 0")
+        if self.sample_every < 0:
+            raise ValueError("sample_every must be >= 0 (0: no samples)")
         for url in self.policy_urls:
             if urlsplit(url).scheme not in ("http", "https"):
                 raise ValueError(f"policy URL {url!r} must start with http:// or https://")

@@ -132,13 +132,13 @@ def run_status(settings, *, as_json: bool = False, watch_s: Optional[float] = No
         r.close()
 
 
-def agent_table(title: str, columns: tuple[str, ...], agent_width: int):
-    """A borderless rich Table with an `agent` column (cut at agent_width) and right-aligned numbers,
-    as `farm status` and `farm collect` print them within 80 columns."""
+def agent_table(title: str, columns: tuple[str, ...], agent_width: int, first: str = "agent"):
+    """A borderless rich Table with a first column (`agent`, cut at agent_width) and right-aligned
+    values, as `farm status` and `farm collect` print them within 80 columns."""
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", pad_edge=False, box=None)
-    t.add_column("agent", justify="left", no_wrap=True, overflow="ellipsis", max_width=agent_width)
+    t = Table(title=title or None, title_justify="left", pad_edge=False, box=None)
+    t.add_column(first, justify="left", no_wrap=True, overflow="ellipsis", max_width=agent_width)
     for col in columns:
         t.add_column(col, justify="right", no_wrap=True, overflow="ellipsis")
     return t

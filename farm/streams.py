@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Any, Iterable, Optional
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
 
-from farm import schema
+from farm import history, schema
+from farm.history import Recording
 from farm.keys import GROUP, Keys
 from farm.scripts import SHAS, SOURCES
 from farm.transport import Outage, mapped
@@ -55,10 +57,19 @@ BAD_REPLY = {-1: "is not a result stream of this namespace", -2: "holds a value 
 class AgentStream:
     """The task stream of one agent, as seen by one consumer (worker process)."""
 
-    def __init__(self, r: aioredis.Redis, keys: Keys, agent: str, consumer: str, outage: Outage):
+    def __init__(
+        self,
+        r: aioredis.Redis,
+        keys: Keys,
+        agent: str,
+        consumer: str,
+        outage: Outage,
+        recording: Optional[Recording] = None,
+    ):
         self.r, self.keys, self.agent, self.consumer, self.outage = r, keys, agent, consumer, outage
         self.stream = keys.tasks(agent)
         self.stats = keys.stats(agent)
+        self.rec = recording or Recording()
 
     async def setup(self) -> None:
         await self.outage.call(self._setup, "setting up the stream")
@@ -130,6 +141,12 @@ class AgentStream:
             lambda: self._script("release", [self.stream], [GROUP, self.consumer, idle_ms, *ids]), "handing tasks back"
         )
 
+    async def prune_consumers(self, idle_ms: int) -> int:
+        """Remove the group's consumers of workers that are gone (no pending entries, idle past idle_ms)."""
+        return await self.outage.call(
+            lambda: self._script("prune", [self.stream], [GROUP, idle_ms, self.consumer]), "removing gone consumers"
+        )
+
     async def promote(self, limit: int = 200) -> int:
         return await self.outage.call(
             lambda: self._script(
@@ -147,25 +164,43 @@ class AgentStream:
 
     # Settle operations: (script name, keys, args), executed by the Settler.
     def settle_op(
-        self, entry_id: str, stat: str, appends: Iterable[tuple[str, dict]], reply_to: Optional[str] = None
+        self,
+        entry_id: str,
+        stat: str,
+        appends: Iterable[tuple],
+        reply_to: Optional[str] = None,
+        bucket: Optional[dict[str, float]] = None,
     ) -> tuple:
-        """SETTLE for one entry; `reply_to`, when given, is the first appended stream and is checked by the script."""
-        keys = [self.stream, self.stats]
-        args: list = [GROUP, entry_id, stat, self.keys.results_prefix(), 3 if reply_to is not None else 0]
+        """SETTLE for one entry. `appends`: (stream, fields) or (stream, fields, maxlen, dropped-stat);
+        `reply_to`, when given, is the first appended stream and is checked by the script; `bucket`
+        goes to this minute's history (farm.history) when recording is on."""
+        pairs = bucket if (bucket and self.rec.history) else {}
+        keys = [self.stream, self.stats, self.keys.history(self.agent, history.minute())]
+        args: list = [GROUP, entry_id, stat, self.keys.results_prefix(), 4 if reply_to is not None else 0]
+        args += [len(pairs), self.rec.ttl_s]
+        for k, v in pairs.items():
+            args += [k, repr(float(v))]
         appends = list(appends)
         if reply_to is not None:
             assert appends and appends[0][0] == reply_to, "the reply is the first appended stream"
-        for stream, fields in appends:
+        for stream, fields, *cap in appends:
+            maxlen, dropstat = cap if cap else (0, "")
             keys.append(stream)
-            args.append(len(fields))
+            args += [len(fields), maxlen, dropstat]
             for k, v in fields.items():
                 args += [k, v]
         return ("settle", keys, args)
 
     def reply_op(self, entry_id: str, rollout: schema.Rollout, reply_to: str, fields: Optional[dict] = None) -> tuple:
-        """SETTLE with the rollout; `fields` is its entry when the caller has encoded it already."""
+        """SETTLE with the rollout; `fields` is its entry when the caller has encoded it already.
+        One rollout in `sample_every` is also kept in the agent's capped sample stream."""
         stat = "done" if rollout.ok else "failed"
-        return self.settle_op(entry_id, stat, [(reply_to, fields or schema.entry(rollout))], reply_to=reply_to)
+        fields = fields or schema.entry(rollout)
+        appends: list[tuple] = [(reply_to, fields)]
+        if self.rec.sample_every and random.random() * self.rec.sample_every < 1:
+            appends.append((self.keys.samples(self.agent), fields, self.rec.sample_keep, ""))
+        bucket = history.increments(rollout, self.rec.pass_threshold)
+        return self.settle_op(entry_id, stat, appends, reply_to=reply_to, bucket=bucket)
 
     def retry_op(self, entry_id: str, task: schema.Task, due: float) -> tuple:
         return (
@@ -183,6 +218,7 @@ class AgentStream:
         attempts: int,
         reply: Optional[tuple[str, schema.Rollout]] = None,
     ) -> tuple:
+        """SETTLE as a dead letter (capped at dead_maxlen, what is trimmed counted as `dead_dropped`)."""
         letter = {
             "v": fields.get(b"v", b""),
             "d": fields.get(b"d", b""),
@@ -194,11 +230,13 @@ class AgentStream:
             "at": time.time(),
             "entry_id": entry_id,
         }
-        appends = [(self.keys.dead(self.agent), letter)]
+        appends: list[tuple] = [(self.keys.dead(self.agent), letter, self.rec.dead_maxlen, "dead_dropped")]
         if reply is None:
-            return self.settle_op(entry_id, "dead", appends)
+            return self.settle_op(entry_id, "dead", appends, bucket={"failed": 1, f"fail:{kind}": 1})
         # The reply goes first: a bad reply_to is found before the dead letter is written.
-        return self.settle_op(entry_id, "dead", [(reply[0], schema.entry(reply[1])), *appends], reply_to=reply[0])
+        bucket = history.increments(reply[1], self.rec.pass_threshold)
+        reply_append = (reply[0], schema.entry(reply[1]))
+        return self.settle_op(entry_id, "dead", [reply_append, *appends], reply_to=reply[0], bucket=bucket)
 
 
 class Settler:

@@ -148,6 +148,12 @@ BAD = [
     (["--config", P("noup.yaml"), "up"], {}, "up:"),
     (["--config", P("badup.yaml"), "up"], {}, "processes"),
     (["completion", "powershell"], {}, "powershell"),
+    (["dead", "list"], {}, "--agent"),
+    (["dead", "list", "--agent", "noop", "--count", "0"], {}, "--count"),
+    (["dead", "requeue", "--agent", "noop"], {}, "give the letter ids to requeue, or --all"),
+    (["dead", "purge", "--agent", "noop", "1-0", "--all"], {}, "give the letter ids to purge, or --all"),
+    (["dead", "show", "--agent", "noop", "1-0"], {}, "no dead letter '1-0' for agent 'noop'"),
+    (["dead", "list", "--agent", "bad name"], {}, "agent name 'bad name'"),
 ]
 
 
@@ -176,7 +182,19 @@ def test_the_table_is_large_and_spans_every_subcommand():
         if any(not a.startswith("-") for a in argv)
     }
     assert len(BAD) >= 60
-    assert {"redis", "worker", "status", "policy", "demo", "collect", "data", "train", "up", "completion"} <= commands
+    assert {
+        "redis",
+        "worker",
+        "status",
+        "policy",
+        "demo",
+        "collect",
+        "data",
+        "train",
+        "up",
+        "completion",
+        "dead",
+    } <= commands
 
 
 @pytest.mark.parametrize("argv,env,expected", BAD, ids=[" ".join(a)[:60] for a, _, _ in BAD])

@@ -44,7 +44,7 @@ class NoopAgent:
             reward=float(spec.get("reward", 1.0)),
             trace=trace,
             output=[{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}],
-            metrics={"prompt_chars": len(text)},
+            metrics={"prompt_chars": len(text), **({"completion_tokens": n} if n else {})},
         )
 
     async def aclose(self) -> None:

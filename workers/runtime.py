@@ -28,7 +28,6 @@ import asyncio
 import json
 import logging
 import os
-import resource
 import signal
 import socket
 import time
@@ -44,35 +43,15 @@ from farm.errors import (
     RedisUnavailable,
     TransportError,
 )
+from farm.history import Recording
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
 from farm.transport import Outage
+from workers.chores import VERSION, Summary, dump_tasks, raise_open_files
 from workers.context import Agent, AgentContext
 from workers.outcome import Outcomes
 
 log = logging.getLogger("farm.worker")
-
-
-FILES_RESERVED = 256  # Redis connections, logs, the tokenizer, sandboxes: beside one socket per loop
-
-
-def raise_open_files(concurrency: int) -> int:
-    """Raise the soft open-file limit to the hard one; refuse a concurrency the hard limit cannot carry."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = concurrency + FILES_RESERVED
-    if hard != resource.RLIM_INFINITY and need > hard:
-        raise ConfigError(
-            f"concurrency {concurrency} needs about {need} open files (one connection per loop), "
-            f"but this process may open at most {hard} (hard RLIMIT_NOFILE): raise it "
-            f"(`ulimit -Hn`, LimitNOFILE in systemd, ulimits in Docker/Kubernetes) or lower "
-            f"--concurrency to {max(1, hard - FILES_RESERVED)}"
-        )
-    target = need if hard == resource.RLIM_INFINITY else hard
-    if soft != resource.RLIM_INFINITY and target > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        log.info("raised the open-file limit from %d to %d", soft, target)
-        soft = target
-    return soft
 
 
 def new_worker_id(agent: str) -> str:
@@ -142,7 +121,14 @@ class Worker:
                 s.task_timeout_s,
             )
         self.r = connect(self.settings)
-        self.stream = AgentStream(self.r, self.settings.keys, self.agent_name, self.worker_id, self.outage)
+        self.stream = AgentStream(
+            self.r,
+            self.settings.keys,
+            self.agent_name,
+            self.worker_id,
+            self.outage,
+            Recording.from_settings(self.settings),
+        )
         await self.stream.setup()
         self.outcomes = Outcomes(self.settings, self.stream, self.agent, self.ctx, self.counters)
         self.settler = Settler(self.r, self.outage)
@@ -306,14 +292,23 @@ class Worker:
     async def _maintenance(self) -> None:
         s = self.settings
         beat_every = s.heartbeat_ttl_s / 3
-        next_beat = next_renew = 0.0
+        next_beat = 0.0
         next_renew = time.monotonic() + s.lease_renew_s
+        next_prune = time.monotonic() + min(60.0, s.consumer_idle_s)
+        summary = Summary(time.monotonic() + s.summary_every_s)
         while not self._closed.is_set():
             try:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + beat_every
                     await self.outage.call(self._heartbeat, "refreshing the heartbeat")
+                if now >= summary.due:
+                    summary.log(self, now, s.summary_every_s)
+                if now >= next_prune:
+                    next_prune = now + min(60.0, s.consumer_idle_s)
+                    gone = await self.stream.prune_consumers(int(s.consumer_idle_s * 1000))
+                    if gone:
+                        log.info("removed %d consumer(s) of workers that are gone from the group", gone)
                 if now >= next_renew:
                     next_renew = now + s.lease_renew_s
                     lost = await self.stream.renew(list(self.inflight))
@@ -342,22 +337,13 @@ class Worker:
             "concurrency": self.concurrency,
             "inflight": len(self.inflight),
             "started_at": self.started_at,
+            "version": VERSION,
             "ts": time.time(),
             **self.counters,
         }
         await self.r.set(
             self.settings.keys.worker(self.worker_id), json.dumps(info), px=int(self.settings.heartbeat_ttl_s * 1000)
         )
-
-
-def dump_tasks() -> None:
-    """SIGUSR1: log where every asyncio task of this worker is waiting (for stuck workers)."""
-    import io
-
-    for task in asyncio.all_tasks():
-        buf = io.StringIO()
-        task.print_stack(file=buf)
-        log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
 
 
 async def run_worker(

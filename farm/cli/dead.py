@@ -1,0 +1,130 @@
+"""`farm dead list|show|requeue|purge --agent NAME`: the dead letters of one agent."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import click
+
+from farm.cli.base import CONTEXT, COUNT, Globals, cli, pass_globals
+from farm.errors import ConfigError
+
+
+@cli.group(context_settings=CONTEXT)
+def dead() -> None:
+    """Dead letters: tasks that ran out of attempts or could not be read, with the reason."""
+
+
+def _open(g: Globals):
+    from farm.connection import connect_sync
+
+    s = g.settings()
+    if not s.redis_url:
+        s = s.replace(redis_url=f"redis://127.0.0.1:{s.embedded_port}/0")
+    return s, connect_sync(s)
+
+
+def _where(s) -> str:
+    from farm.transport import redact
+
+    return f"Redis {redact(s.redis_url)}, namespace {s.namespace!r}"
+
+
+AGENT = click.option("--agent", required=True, help="the agent whose dead letters to read.")
+
+
+@dead.command("list", epilog="Example:\n\n  farm dead list --agent math --count 20")
+@AGENT
+@click.option("--count", type=COUNT, default=50, show_default=True, help="newest letters to show.")
+@click.option("--json", "as_json", is_flag=True, help="print JSON lines instead of a table.")
+@pass_globals
+def dead_list(g: Globals, agent, count, as_json) -> int:
+    """The newest dead letters: when, kind, attempts, task id and reason."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from farm.deadletters import count_dead, list_dead
+    from farm.transport import errors
+
+    s, r = _open(g)
+    with errors(s.redis_url):
+        total = count_dead(r, s.keys, agent)
+        letters = list_dead(r, s.keys, agent, count, max_entry_bytes=s.max_entry_bytes)
+    if as_json:
+        for letter in letters:
+            print(json.dumps(letter))
+        return 0
+    console = Console(width=min(80, Console().width))
+    console.print(_where(s), highlight=False, soft_wrap=True)
+    console.print(f"{total:,} dead letter(s) for {agent!r}, newest first", highlight=False)
+    t = Table(pad_edge=False, box=None)
+    t.add_column("id", no_wrap=True, min_width=15)
+    t.add_column("kind", no_wrap=True, min_width=11)
+    t.add_column("tries", justify="right", no_wrap=True)
+    t.add_column("task", no_wrap=True, min_width=12)
+    t.add_column("reason", no_wrap=True, overflow="ellipsis", ratio=1)
+    for letter in letters:
+        t.add_row(letter["id"], letter["kind"], letter["attempts"], letter["task_id"][:12], letter["reason"][:60])
+    console.print(t)
+    return 0
+
+
+@dead.command("show", epilog="Example:\n\n  farm dead show --agent math 1732435200000-0")
+@AGENT
+@click.argument("letter_id")
+@pass_globals
+def dead_show(g: Globals, agent, letter_id) -> int:
+    """One dead letter in full, with its task, as JSON."""
+    from farm.deadletters import show_dead
+    from farm.transport import errors
+
+    s, r = _open(g)
+    with errors(s.redis_url):
+        letter = show_dead(r, s.keys, agent, letter_id, max_entry_bytes=s.max_entry_bytes)
+    if letter is None:
+        raise ConfigError(f"no dead letter {letter_id!r} for agent {agent!r} (see `farm dead list --agent {agent}`)")
+    print(json.dumps(letter, indent=2, default=str))
+    return 0
+
+
+def _chosen(ids: tuple[str, ...], every: bool, verb: str) -> Optional[list[str]]:
+    if every == bool(ids):
+        raise ConfigError(f"give the letter ids to {verb}, or --all (not both)")
+    return None if every else list(ids)
+
+
+@dead.command(
+    "requeue", epilog="Examples:\n\n  farm dead requeue --agent math --all\n\n  farm dead requeue --agent math ID"
+)
+@AGENT
+@click.argument("ids", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="every dead letter of the agent.")
+@pass_globals
+def dead_requeue(g: Globals, agent, ids, every) -> int:
+    """Put dead letters back on the agent's task stream; they start over with their attempts."""
+    from farm.deadletters import requeue
+    from farm.transport import errors
+
+    s, r = _open(g)
+    with errors(s.redis_url):
+        n = requeue(r, s.keys, agent, _chosen(ids, every, "requeue"))
+    print(f"requeued {n} task(s) for {agent!r} ({_where(s)})")
+    return 0
+
+
+@dead.command("purge", epilog="Examples:\n\n  farm dead purge --agent math --all\n\n  farm dead purge --agent math ID")
+@AGENT
+@click.argument("ids", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="every dead letter of the agent.")
+@pass_globals
+def dead_purge(g: Globals, agent, ids, every) -> int:
+    """Delete dead letters for good."""
+    from farm.deadletters import purge
+    from farm.transport import errors
+
+    s, r = _open(g)
+    with errors(s.redis_url):
+        n = purge(r, s.keys, agent, _chosen(ids, every, "purge"))
+    print(f"purged {n} dead letter(s) for {agent!r} ({_where(s)})")
+    return 0

@@ -1,0 +1,108 @@
+"""Dead letters: list, show, requeue and purge an agent's dead-letter stream.
+
+A dead letter (farm.streams.AgentStream.dead_op) holds the task's entry as it was written
+(`v`, `d`) and why it died (`kind`, `reason`, `attempts`, `worker`, `at`). Requeueing writes the
+entry back to the agent's task stream and deletes the letter, in one script per letter, so a
+letter is never both requeued and kept, nor requeued twice; the task starts over with its
+attempts. `farm dead ...` and the dashboard's dead-letter browser both use these functions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Optional
+
+import msgspec
+import redis
+
+from farm import schema
+from farm.errors import SchemaError
+from farm.keys import Keys
+
+# KEYS: dead stream, tasks stream. ARGV: letter ids. Returns how many were requeued.
+REQUEUE = """
+local n = 0
+for i = 1, #ARGV do
+  local e = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
+  if #e == 1 then
+    local f, v, d = e[1][2], nil, nil
+    for j = 1, #f, 2 do
+      if f[j] == 'v' then v = f[j + 1] elseif f[j] == 'd' then d = f[j + 1] end
+    end
+    if v and d and #d > 0 then
+      redis.call('XADD', KEYS[2], '*', 'v', v, 'd', d)
+      redis.call('XDEL', KEYS[1], ARGV[i])
+      n = n + 1
+    end
+  end
+end
+return n
+"""
+
+
+def _s(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _letter(entry_id: Any, fields: dict, max_entry_bytes: int, with_task: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": _s(entry_id)}
+    for key in ("kind", "reason", "agent", "attempts", "worker", "at", "entry_id"):
+        out[key] = _s(fields.get(key.encode(), b""))
+    try:
+        out["at_iso"] = dt.datetime.fromtimestamp(float(out["at"]), dt.timezone.utc).isoformat(timespec="seconds")
+    except ValueError:
+        out["at_iso"] = ""
+    try:
+        task = schema.decode_task({b"v": fields.get(b"v", b""), b"d": fields.get(b"d", b"")}, max_entry_bytes)
+        out["task_id"], out["run_id"] = task.task_id, task.run_id
+        if with_task:
+            out["task"] = msgspec.to_builtins(task)
+    except SchemaError as exc:
+        out["task_id"], out["run_id"] = "", ""
+        if with_task:
+            out["task"] = None
+            out["task_error"] = str(exc)
+    return out
+
+
+def list_dead(r: redis.Redis, keys: Keys, agent: str, count: int = 50, *, max_entry_bytes: int) -> list[dict]:
+    """The newest `count` dead letters of `agent`, newest first."""
+    entries: Any = r.xrevrange(keys.dead(agent), count=count)
+    return [_letter(i, f, max_entry_bytes, with_task=False) for i, f in entries]
+
+
+def show_dead(r: redis.Redis, keys: Keys, agent: str, letter_id: str, *, max_entry_bytes: int) -> Optional[dict]:
+    entries: Any = r.xrange(keys.dead(agent), letter_id, letter_id)
+    return _letter(entries[0][0], entries[0][1], max_entry_bytes, with_task=True) if entries else None
+
+
+def count_dead(r: redis.Redis, keys: Keys, agent: str) -> int:
+    return int(r.xlen(keys.dead(agent)))
+
+
+def _ids(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]]) -> list[str]:
+    if ids is not None:
+        return list(ids)
+    entries: Any = r.xrange(keys.dead(agent))
+    return [_s(i) for i, _ in entries]
+
+
+def requeue(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]] = None, batch: int = 500) -> int:
+    """Put dead letters back on the agent's task stream (all when `ids` is None); how many went back."""
+    wanted = _ids(r, keys, agent, ids)
+    script = r.register_script(REQUEUE)
+    done = 0
+    for start in range(0, len(wanted), batch):
+        done += int(script(keys=[keys.dead(agent), keys.tasks(agent)], args=wanted[start : start + batch]))
+    if done:
+        r.sadd(keys.agents(), agent)
+    return done
+
+
+def purge(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]] = None) -> int:
+    """Delete dead letters (all when `ids` is None); how many were deleted."""
+    if ids is None:
+        n = int(r.xlen(keys.dead(agent)))
+        r.delete(keys.dead(agent))
+        return n
+    return int(r.xdel(keys.dead(agent), *ids)) if ids else 0

@@ -1,0 +1,140 @@
+"""Per-minute history of every agent, kept in Redis for the dashboards.
+
+A worker adds each settled rollout to its agent's bucket for the current minute,
+`{ns}:hist:{agent}:{minute}` (a hash with a TTL), inside the same SETTLE script that writes
+the rollout and acknowledges the task: no extra round trip, and a task settled twice (or a
+settle replayed after a lost reply) is counted once, since the script counts only the settle
+that acknowledges. What a bucket holds:
+
+  done, failed          rollouts that ended ok/truncated, and failed ones (dead letters included)
+  fail:<kind>           failures by ErrorKind
+  reward_sum, reward_n  the sum and count of rewards (rollouts that have one)
+  passed                rollouts whose reward reached `pass_threshold`
+  lat:<i>, lat_sum      rollout latency (pickup to finish) in the bins of LATENCY_EDGES_S
+  tokens                completion tokens, for tokens per second
+
+Reading the last hours costs one HGETALL per agent and minute, whatever the number of tasks.
+Percentiles come from the bins: the upper edge of the bin where the cumulative count crosses
+the quantile (the last bin reads as its lower edge), exact to the bin.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from farm.schema import Rollout
+
+LATENCY_EDGES_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What a worker records beside each settle (the settings of the same names)."""
+
+    history: bool = True
+    ttl_s: int = 6 * 3600
+    pass_threshold: float = 1.0
+    sample_every: int = 10
+    sample_keep: int = 200
+    dead_maxlen: int = 100_000
+
+    @classmethod
+    def from_settings(cls, s: Any) -> "Recording":
+        return cls(s.history, s.history_ttl_s, s.pass_threshold, s.sample_every, s.sample_keep, s.dead_maxlen)
+
+
+def minute(now: Optional[float] = None) -> int:
+    """The epoch minute a bucket is keyed by."""
+    return int((time.time() if now is None else now) // 60)
+
+
+def latency_bin(seconds: float) -> int:
+    """Index of the first edge >= seconds; len(LATENCY_EDGES_S) for anything longer."""
+    return bisect.bisect_left(LATENCY_EDGES_S, seconds)
+
+
+def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float]:
+    """What one settled rollout adds to its minute's bucket."""
+    out: dict[str, float] = {}
+    if rollout.ok:
+        out["done"] = 1
+    else:
+        out["failed"] = 1
+        kind = rollout.error.kind if rollout.error is not None else "unknown"
+        out[f"fail:{kind}"] = 1
+    if rollout.reward is not None:
+        out["reward_sum"] = float(rollout.reward)
+        out["reward_n"] = 1
+        if rollout.reward >= pass_threshold:
+            out["passed"] = 1
+    latency = rollout.timings.total_s
+    out[f"lat:{latency_bin(latency)}"] = 1
+    out["lat_sum"] = latency
+    tokens = (rollout.metrics or {}).get("completion_tokens")
+    if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) and tokens > 0:
+        out["tokens"] = float(tokens)
+    return out
+
+
+def decode_bucket(raw: dict) -> dict[str, float]:
+    out = {}
+    for k, v in raw.items():
+        key = k.decode() if isinstance(k, bytes) else str(k)
+        try:
+            out[key] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def merge(buckets: Iterable[dict[str, float]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for b in buckets:
+        for k, v in b.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def quantile(bucket: dict[str, float], q: float) -> Optional[float]:
+    """The q-quantile of the latencies a bucket counts, to its bin's edge; None when it counts none."""
+    counts = [bucket.get(f"lat:{i}", 0.0) for i in range(len(LATENCY_EDGES_S) + 1)]
+    n = sum(counts)
+    if n <= 0:
+        return None
+    rank, seen = q * n, 0.0
+    for i, c in enumerate(counts):
+        seen += c
+        if c and seen >= rank:
+            return LATENCY_EDGES_S[i] if i < len(LATENCY_EDGES_S) else LATENCY_EDGES_S[-1]
+    return LATENCY_EDGES_S[-1]
+
+
+def summary(bucket: dict[str, float], minutes: float) -> dict[str, Any]:
+    """The overview's figures from a bucket covering `minutes` minutes."""
+    done, failed = bucket.get("done", 0.0), bucket.get("failed", 0.0)
+    ended = done + failed
+    reward_n = bucket.get("reward_n", 0.0)
+    kinds = {k[5:]: int(v) for k, v in bucket.items() if k.startswith("fail:") and v}
+    return {
+        "done_per_min": done / minutes if minutes else 0.0,
+        "failed_per_min": failed / minutes if minutes else 0.0,
+        "failure_rate": failed / ended if ended else 0.0,
+        "failures_by_kind": dict(sorted(kinds.items())),
+        "mean_reward": bucket.get("reward_sum", 0.0) / reward_n if reward_n else None,
+        "pass_rate": bucket.get("passed", 0.0) / reward_n if reward_n else None,
+        "latency_p50_s": quantile(bucket, 0.5),
+        "latency_p99_s": quantile(bucket, 0.99),
+        "tokens_per_s": bucket.get("tokens", 0.0) / (minutes * 60) if minutes else 0.0,
+        "rollouts": int(ended),
+    }
+
+
+def window(now: float, minutes: int) -> tuple[list[int], float]:
+    """The epoch minutes of the last `minutes` minutes up to now (the current one partly elapsed),
+    and how many minutes that is, for rates that do not wait for a minute to end."""
+    current = minute(now)
+    span = (minutes - 1) + (now - current * 60) / 60
+    return list(range(current - minutes + 1, current + 1)), max(span, 1 / 60)

@@ -1,0 +1,134 @@
+"""The per-minute history, sample streams and capped dead letters that workers record in the settle.
+
+Built with a real Redis and the real worker runtime (noop agent): every bucket is compared with
+what the rollouts the test collected say, so a number the dashboard shows is the number the
+rollouts hold.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from farm import history
+from farm.client import FarmClient
+from farm.history import LATENCY_EDGES_S, decode_bucket, latency_bin, merge, quantile, summary
+from farm.schema import Rollout, Status, Task, Timings
+
+from conftest import consumer_with_tasks, in_process_worker, make_settings, run_script
+
+
+def rollout(reward=1.0, total_s=0.3, ok=True, tokens=None) -> Rollout:
+    task = Task.new(run_id="r", agent="a", row={}, reply_to="farm:results:r")
+    if ok:
+        r = Rollout.for_task(task, status=Status.ok, reward=reward, timings=Timings(total_s=total_s))
+    else:
+        r = Rollout.failure(task, "verifier", "boom")
+        r = r.__class__(**{**{f: getattr(r, f) for f in r.__struct_fields__}, "timings": Timings(total_s=total_s)})
+    if tokens:
+        r.metrics["completion_tokens"] = tokens
+    return r
+
+
+def test_increments_say_what_one_rollout_adds():
+    assert history.increments(rollout(1.0, 0.3, tokens=50)) == {
+        "done": 1,
+        "reward_sum": 1.0,
+        "reward_n": 1,
+        "passed": 1,
+        f"lat:{latency_bin(0.3)}": 1,
+        "lat_sum": 0.3,
+        "tokens": 50.0,
+    }
+    assert history.increments(rollout(0.5), pass_threshold=0.5)["passed"] == 1
+    assert "passed" not in history.increments(rollout(0.4), pass_threshold=0.5)
+    failed = history.increments(rollout(ok=False, total_s=2.0))
+    assert failed["failed"] == 1 and failed["fail:verifier"] == 1 and "reward_n" not in failed
+
+
+def test_percentiles_read_to_the_bin_edge():
+    assert [latency_bin(x) for x in (0.0, 0.01, 0.011, 0.3, 600.0, 601.0)] == [0, 0, 1, 5, 14, 15]
+    b = merge(history.increments(rollout(total_s=t)) for t in [0.02] * 50 + [0.3] * 49 + [30.0])
+    assert quantile(b, 0.5) == 0.025 and quantile(b, 0.99) == 0.5 and quantile(b, 1.0) == 60.0
+    assert quantile({}, 0.5) is None
+    long = merge(history.increments(rollout(total_s=t)) for t in [1000.0] * 3)
+    assert quantile(long, 0.5) == LATENCY_EDGES_S[-1]
+    s = summary(merge([b, history.increments(rollout(ok=False))]), minutes=2.0)
+    assert s["done_per_min"] == 50 and s["failed_per_min"] == 0.5 and s["failure_rate"] == pytest.approx(1 / 101)
+    assert s["failures_by_kind"] == {"verifier": 1} and s["mean_reward"] == 1.0 and s["pass_rate"] == 1.0
+
+
+def test_the_window_counts_the_current_minute_as_far_as_it_went():
+    minutes, span = history.window(now=600 * 60 + 30, minutes=5)
+    assert minutes == [596, 597, 598, 599, 600] and span == pytest.approx(4.5)
+
+
+async def test_buckets_hold_what_the_settled_rollouts_say(redis_url, namespace):
+    settings = make_settings(redis_url, namespace, max_attempts=1, sample_every=1, sample_keep=7)
+    client = FarmClient(settings)
+    rows = (
+        [{"noop": {"reward": 1.0, "tokens": 8}}] * 12
+        + [{"noop": {"reward": 0.25, "sleep_s": 0.05}}] * 6
+        + [{"noop": {"fail": "fatal"}}] * 4
+        + [{"noop": {"fail": "always"}}] * 3
+    )
+    tasks = [client.task(run_id="hist", agent="noop", row=r) for r in rows]
+    async with in_process_worker(settings, concurrency=8):
+        await client.submit(tasks)
+        got = await client.collect(tasks, timeout_s=60)
+    await client.aclose()
+    r = redis.Redis.from_url(redis_url)
+    keys = list(r.scan_iter(match=f"{namespace}:hist:noop:*"))
+    assert keys and all(0 < r.ttl(k) <= settings.history_ttl_s for k in keys)
+    bucket = merge(decode_bucket(r.hgetall(k)) for k in keys)
+    rollouts = list(got.values())
+    expected = merge(history.increments(x) for x in rollouts)
+    for field in ("done", "failed", "reward_n", "passed", "tokens", "fail:verifier", "fail:agent_error"):
+        assert bucket.get(field) == expected.get(field), field
+    assert bucket["done"] == 18 and bucket["failed"] == 7 and bucket["tokens"] == 12 * 8
+    assert bucket["reward_sum"] == pytest.approx(12 * 1.0 + 6 * 0.25)
+    lat_fields = {k for k in bucket if k.startswith("lat:")}
+    for k in lat_fields - {"lat_sum"}:
+        assert bucket[k] == expected[k], k
+    assert r.xlen(settings.keys.samples("noop")) == 7, "the sample stream keeps sample_keep rollouts"
+    r.close()
+
+
+async def test_a_replayed_settle_is_counted_once(settings, sync_redis):
+    r, stream, tasks, ids = await consumer_with_tasks(settings, 1)
+    done = Rollout.for_task(tasks[0], status=Status.ok, reward=1.0, timings=Timings(total_s=0.2))
+    op = stream.reply_op(ids[0], done, tasks[0].reply_to)
+    assert await run_script(r, op) == 1
+    assert await run_script(r, op) == 0, "the entry is no longer pending"
+    await r.aclose()
+    bucket = decode_bucket(sync_redis.hgetall(op[1][2]))
+    assert bucket["done"] == 1.0 and bucket["reward_n"] == 1.0
+
+
+async def test_dead_letters_are_capped_and_the_dropped_ones_counted(redis_url, namespace):
+    settings = make_settings(redis_url, namespace, max_attempts=1, dead_maxlen=3)
+    client = FarmClient(settings)
+    tasks = [client.task(run_id="dead", agent="noop", row={"noop": {"fail": "always"}}) for _ in range(5)]
+    async with in_process_worker(settings, concurrency=1):
+        await client.submit(tasks)
+        got = await client.collect(tasks, timeout_s=60)
+    await client.aclose()
+    assert all(x.error.kind == "agent_error" for x in got.values())
+    r = redis.Redis.from_url(redis_url)
+    assert r.xlen(settings.keys.dead("noop")) == 3
+    stats = {k.decode(): int(v) for k, v in r.hgetall(settings.keys.stats("noop")).items()}
+    assert stats["dead"] == 5 and stats["dead_dropped"] == 2
+    r.close()
+
+
+async def test_history_off_records_nothing_but_the_settle(redis_url, namespace):
+    settings = make_settings(redis_url, namespace, history=False, sample_every=0)
+    client = FarmClient(settings)
+    tasks = [client.task(run_id="off", agent="noop", row={}) for _ in range(5)]
+    async with in_process_worker(settings):
+        await client.submit(tasks)
+        await client.collect(tasks, timeout_s=60)
+    await client.aclose()
+    r = redis.Redis.from_url(redis_url)
+    assert not list(r.scan_iter(match=f"{namespace}:hist:*")) and not r.exists(settings.keys.samples("noop"))
+    r.close()
