@@ -12,6 +12,7 @@ that acknowledges. What a bucket holds:
   passed                rollouts whose reward reached `pass_threshold`
   lat:<i>, lat_sum      rollout latency (pickup to finish) in the bins of LATENCY_EDGES_S
   tokens                completion tokens, for tokens per second
+  depth                 the task stream's length (waiting and in flight) at the minute's last settle
 
 Reading the last hours costs one HGETALL per agent and minute, whatever the number of tasks.
 Percentiles come from the bins: the upper edge of the bin where the cumulative count crosses
@@ -91,10 +92,12 @@ def decode_bucket(raw: dict) -> dict[str, float]:
 
 
 def merge(buckets: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Buckets added up (`depth`, a level rather than a count, is left out)."""
     total: dict[str, float] = {}
     for b in buckets:
         for k, v in b.items():
-            total[k] = total.get(k, 0.0) + v
+            if k != "depth":
+                total[k] = total.get(k, 0.0) + v
     return total
 
 

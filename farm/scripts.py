@@ -55,6 +55,7 @@ redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
 local bucket = redis.call('TYPE', KEYS[3])['ok']
 if m > 0 and (bucket == 'none' or bucket == 'hash') then
   for i = 0, m - 1 do redis.call('HINCRBYFLOAT', KEYS[3], ARGV[8 + 2 * i], ARGV[9 + 2 * i]) end
+  redis.call('HSET', KEYS[3], 'depth', redis.call('XLEN', KEYS[1]))
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
 end
 return 1

@@ -9,8 +9,9 @@ The YAML file also takes NeMo Gym's env.yaml keys for the policy (`policy_base_u
 `policy_api_key`, `policy_model_name`), so one env.yaml serves both. Policy URLs are kept as
 the server root (a trailing `/v1` is dropped): each client appends its own path.
 
-`policy_api_key` is a secret: it comes only from the file, FARM_POLICY_API_KEY or (for the
-openai kinds) OPENAI_API_KEY, never from a command-line option, and Settings' repr masks it.
+`policy_api_key` and `dashboard_token` are secrets: they come only from the file, their FARM_*
+variable, a file named on the command line (`farm dashboard --token-file`) or (for the openai
+kinds) OPENAI_API_KEY, never from a command-line value, and Settings' repr masks them.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # chat / responses: any OpenAI-compatible server through the openai client (text only, not trainable).
     policy_kind: Literal["tokens", "chat", "responses"] = "tokens"
     policy_api_key: Optional[str] = None  # file or FARM_POLICY_API_KEY; OPENAI_API_KEY for chat/responses
+    dashboard_token: Optional[str] = (
+        None  # FARM_DASHBOARD_TOKEN or `farm dashboard --token-file`: enables requeue/purge
+    )
     # Agents: name -> environment and loop settings (from the YAML file).
     agents: dict[str, AgentConfig] = {}
     # Logging.
@@ -174,25 +178,31 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __rich_repr__(self):
         for name in self.__struct_fields__:
             value = getattr(self, name)
-            yield name, (MASKED if name == "policy_api_key" and value is not None else value)
+            yield name, (MASKED if name in SECRETS and value is not None else value)
 
 
 MASKED = "<hidden>"
+SECRETS = frozenset({"policy_api_key", "dashboard_token"})
 # NeMo Gym env.yaml keys accepted in the settings file -> the farm's own names.
 NEMO_GYM_ALIASES = {"policy_base_url": "policy_urls", "policy_model_name": "policy_model"}
+
+
+def read_secret(path: str, what: str) -> str:
+    """The first line of a secret's file (a password, a token); never a value from argv."""
+    try:
+        text = Path(path).expanduser().read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+    if not text or not text[0].strip():
+        raise ConfigError(f"the {what} file {path} is empty")
+    return text[0].strip()
 
 
 def read_password(path: Optional[str], env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """A Redis password from a file (first line), else $FARM_REDIS_PASSWORD; never from argv."""
     env = os.environ if env is None else env
     if path:
-        try:
-            text = Path(path).expanduser().read_text().splitlines()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the password file {path}: {exc.strerror}") from None
-        if not text or not text[0].strip():
-            raise ConfigError(f"the password file {path} is empty")
-        return text[0].strip()
+        return read_secret(path, "password")
     return env.get("FARM_REDIS_PASSWORD") or None
 
 

@@ -65,7 +65,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             traceback.print_exc()
         print(
             f"farm: the Python package {exc.name!r} is not installed: install the extra that needs it "
-            "(pip install -e '.[policy]', '.[envs]', '.[train]' or '.[parquet]')",
+            "(pip install -e '.[policy]', '.[envs]', '.[train]', '.[dashboard]' or '.[parquet]')",
             file=sys.stderr,
         )
         return EXIT_CONFIG

@@ -177,3 +177,36 @@ def up(g: Globals, up_file) -> int:
     if not path:
         raise ConfigError("farm up needs a config file: farm --config farm.yaml up (see configs/farm_up.yaml)")
     return run_up(g.settings() if up_file is None else load_settings(up_file, overrides=g.overrides), path)
+
+
+@cli.command(
+    epilog="Examples:\n\n  farm dashboard\n\n  FARM_DASHBOARD_TOKEN=... farm dashboard --host 0.0.0.0 --port 8600"
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind (0.0.0.0: every interface).")
+@click.option("--port", type=PORT, default=8600, show_default=True)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="file whose first line is the token that enables requeue/purge (else FARM_DASHBOARD_TOKEN).",
+)
+@pass_globals
+def dashboard(g: Globals, host, port, token_file) -> int:
+    """The web dashboard and the farm's Prometheus metrics (/metrics), read from Redis."""
+    import uvicorn
+
+    from farm.dashboard.app import create_app
+    from farm.settings import read_secret
+    from farm.transport import redact
+
+    s = g.settings()
+    if not s.redis_url:
+        s = s.replace(redis_url=f"redis://127.0.0.1:{s.embedded_port}/0")
+    if token_file:
+        s = s.replace(dashboard_token=read_secret(token_file, "dashboard token"))
+    app = create_app(s)
+    writes = "enabled (token set)" if s.dashboard_token else "disabled (no dashboard_token)"
+    print(f"farm dashboard on http://{host}:{port}/ for Redis {redact(s.redis_url)}, namespace {s.namespace!r}")
+    print(f"metrics at http://{host}:{port}/metrics; requeue/purge {writes}", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+    return 0

@@ -1,0 +1,174 @@
+"""What the dashboard shows, read from Redis only; every figure here is what a test checks.
+
+The cost of a refresh grows with the number of agents, workers and minutes shown, never with
+the number of tasks: per agent a stream length, the group summary, the delayed set's size, the
+dead stream's length, the stats hash and one HGETALL per minute of history; the workers'
+heartbeats are read by their keys. No KEYS, no scan of task entries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional
+
+import msgspec
+import redis
+
+from farm import history, schema
+from farm.errors import SchemaError
+from farm.keys import GROUP, Keys
+
+OVERVIEW_MINUTES = 5  # the window of the overview's rates, percentiles and means
+
+
+def _s(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def workers(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
+    """Live workers from their heartbeats (they expire with a worker that is gone)."""
+    names = list(r.scan_iter(match=keys.worker_pattern(), count=500))
+    out = []
+    for raw in r.mget(names) if names else []:
+        if raw:
+            try:
+                info = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(info, dict):
+                out.append(info)
+    return sorted(out, key=lambda w: (str(w.get("agent")), str(w.get("worker_id"))))
+
+
+def _queue(r: redis.Redis, keys: Keys, agent: str) -> dict[str, Any]:
+    stream = keys.tasks(agent)
+    pipe = r.pipeline(transaction=False)
+    pipe.xlen(stream)
+    pipe.zcard(keys.delayed(agent))
+    pipe.xlen(keys.dead(agent))
+    pipe.hgetall(keys.stats(agent))
+    length, delayed, dead, stats = pipe.execute()
+    row: dict[str, Any] = {"queued": 0, "in_flight": 0, "lag": 0, "delayed": int(delayed), "dead": int(dead)}
+    try:
+        for g in r.xinfo_groups(stream):
+            if _s(g["name"]) == GROUP:
+                lag = g.get("lag")
+                row["in_flight"] = int(g["pending"])
+                row["lag"] = int(lag) if lag is not None else max(0, int(length) - int(g["pending"]))
+                row["queued"] = row["lag"]
+    except redis.ResponseError:
+        pass  # no stream yet
+    row["counters"] = {_s(k): int(v) for k, v in stats.items()}
+    return row
+
+
+def history_buckets(r: redis.Redis, keys: Keys, agent: str, minutes: list[int]) -> list[dict[str, float]]:
+    pipe = r.pipeline(transaction=False)
+    for m in minutes:
+        pipe.hgetall(keys.history(agent, m))
+    return [history.decode_bucket(raw) for raw in pipe.execute()]
+
+
+def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min: int = OVERVIEW_MINUTES) -> dict:
+    """One row per agent: queue state, rates and quality over the last window_min minutes, live workers."""
+    now = time.time() if now is None else now
+    live = workers(r, keys)
+    minutes, span = history.window(now, window_min)
+    agents = sorted(_s(a) for a in r.smembers(keys.agents()))
+    rows = {}
+    for agent in agents:
+        bucket = history.merge(history_buckets(r, keys, agent, minutes))
+        rows[agent] = {
+            **_queue(r, keys, agent),
+            **history.summary(bucket, span),
+            "live_workers": sum(1 for w in live if w.get("agent") == agent),
+        }
+    return {"at": now, "window_minutes": window_min, "window_minutes_elapsed": span, "agents": rows, "workers": live}
+
+
+def series(r: redis.Redis, keys: Keys, agent: str, minutes: int = 180, now: Optional[float] = None) -> dict:
+    """Per-minute history of one agent for the charts: throughput, failures by kind, reward, latency."""
+    now = time.time() if now is None else now
+    span, _ = history.window(now, minutes)
+    points = []
+    for m, bucket in zip(span, history_buckets(r, keys, agent, span)):
+        s = history.summary(bucket, 1.0)
+        points.append(
+            {
+                "minute": m,
+                "done": int(bucket.get("done", 0)),
+                "depth": int(bucket["depth"]) if "depth" in bucket else None,
+                "failed": int(bucket.get("failed", 0)),
+                "failures_by_kind": s["failures_by_kind"],
+                "mean_reward": s["mean_reward"],
+                "pass_rate": s["pass_rate"],
+                "latency_p50_s": s["latency_p50_s"],
+                "latency_p99_s": s["latency_p99_s"],
+                "tokens_per_s": s["tokens_per_s"],
+            }
+        )
+    return {"agent": agent, "points": points}
+
+
+def rollouts(r: redis.Redis, keys: Keys, agent: str, count: int = 50, *, max_entry_bytes: int) -> list[dict]:
+    """The newest sampled rollouts of an agent, as one-line summaries."""
+    out = []
+    entries: Any = r.xrevrange(keys.samples(agent), count=count)
+    for entry_id, fields in entries:
+        try:
+            ro = schema.decode_rollout(fields, max_entry_bytes)
+        except SchemaError as exc:
+            out.append({"id": _s(entry_id), "error": f"unreadable: {exc}"})
+            continue
+        out.append(_summary(_s(entry_id), ro))
+    return out
+
+
+def _summary(entry_id: str, ro: schema.Rollout) -> dict[str, Any]:
+    return {
+        "id": entry_id,
+        "task_id": ro.task_id,
+        "status": str(ro.status),
+        "reward": ro.reward,
+        "failure_kind": str(ro.error.kind) if ro.error else None,
+        "failure": ro.error.message if ro.error else None,
+        "policy_version": ro.policy_version,
+        "total_s": round(ro.timings.total_s, 3),
+        "finished_at": ro.finished_at,
+    }
+
+
+def rollout(r: redis.Redis, keys: Keys, agent: str, entry_id: str, *, max_entry_bytes: int) -> Optional[dict]:
+    """One sampled rollout turn by turn: messages, tool calls and results, reward, tokens."""
+    found: Any = r.xrange(keys.samples(agent), entry_id, entry_id)
+    if not found:
+        return None
+    ro = schema.decode_rollout(found[0][1], max_entry_bytes)
+    turns = []
+    for item in ro.output:
+        kind = item.get("type")
+        if kind == "message":
+            parts = item.get("content") or []
+            text = (
+                "".join(p.get("text", "") for p in parts if isinstance(p, dict)) if isinstance(parts, list) else parts
+            )
+            turns.append({"kind": "message", "role": item.get("role", ""), "text": str(text)})
+        elif kind == "function_call":
+            turns.append({"kind": "tool call", "role": item.get("name", ""), "text": str(item.get("arguments", ""))})
+        elif kind == "function_call_output":
+            turns.append({"kind": "tool result", "role": "", "text": str(item.get("output", ""))})
+        else:
+            turns.append({"kind": str(kind), "role": "", "text": json.dumps(item)[:2000]})
+    trace = ro.trace
+    tokens = {
+        "prompt": len(trace.prompt()) if trace else ro.metrics.get("prompt_tokens"),
+        "completion": sum(trace.mask()) if trace else ro.metrics.get("completion_tokens"),
+    }
+    return {
+        **_summary(entry_id, ro),
+        "reward_components": ro.reward_components,
+        "metrics": msgspec.to_builtins(ro.metrics),
+        "turns": turns,
+        "tokens": tokens,
+    }

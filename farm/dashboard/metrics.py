@@ -1,0 +1,80 @@
+"""Prometheus metrics of the whole farm, computed from Redis at each scrape (prometheus-client).
+
+One scrape target for every agent: the dashboard's `/metrics`. Names are prefixed `farm_` and
+carry an `agent` label; deploy/monitoring's Grafana panels and alert rules use only these.
+Gauges are the overview's figures over its 5-minute window; `*_total` counters come from the
+agents' stats hashes, which only grow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+GAUGES = {
+    "farm_queue_depth": ("Tasks waiting to be picked up (the consumer group's lag).", "queued"),
+    "farm_in_flight": ("Tasks delivered to a worker and not yet settled.", "in_flight"),
+    "farm_delayed_retries": ("Failed attempts waiting out their backoff.", "delayed"),
+    "farm_dead_letters": ("Dead letters kept in the agent's dead-letter stream.", "dead"),
+    "farm_live_workers": ("Worker processes with a fresh heartbeat.", "live_workers"),
+    "farm_rollouts_per_minute": ("Rollouts that ended ok or truncated, per minute.", "done_per_min"),
+    "farm_failed_per_minute": ("Rollouts that failed, per minute.", "failed_per_min"),
+    "farm_failure_rate": ("Failed rollouts over all that ended.", "failure_rate"),
+    "farm_reward_mean": ("Mean reward of the rollouts that have one.", "mean_reward"),
+    "farm_pass_rate": ("Share of rewarded rollouts at or above pass_threshold.", "pass_rate"),
+    "farm_tokens_per_second": ("Completion tokens per second.", "tokens_per_s"),
+}
+COUNTERS = {
+    "farm_rollouts": ("Rollouts settled, by status (done, failed, dead).", ("done", "failed", "dead")),
+    "farm_retries": ("Attempts that were retried.", ("retried",)),
+    "farm_dead_letters_dropped": ("Dead letters trimmed past dead_maxlen.", ("dead_dropped",)),
+}
+
+
+class FarmCollector(Collector):
+    """Yields the farm's metrics from `read()` (an overview dict, see farm.dashboard.data)."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]):
+        self.read = read
+
+    def collect(self):
+        view = self.read()
+        agents: dict[str, dict] = view["agents"]
+        for name, (doc, key) in GAUGES.items():
+            g = GaugeMetricFamily(name, doc, labels=["agent"])
+            for agent, row in agents.items():
+                value = row.get(key)
+                g.add_metric([agent], float(value) if value is not None else float("nan"))
+            yield g
+        latency = GaugeMetricFamily(
+            "farm_rollout_latency_seconds",
+            "Rollout latency from pickup to settle, by quantile.",
+            labels=["agent", "quantile"],
+        )
+        kinds = GaugeMetricFamily(
+            "farm_failures_per_minute", "Failed rollouts per minute, by failure kind.", labels=["agent", "kind"]
+        )
+        for agent, row in agents.items():
+            for q, key in (("0.5", "latency_p50_s"), ("0.99", "latency_p99_s")):
+                value = row.get(key)
+                latency.add_metric([agent, q], float(value) if value is not None else float("nan"))
+            minutes = view["window_minutes_elapsed"]
+            for kind, n in row.get("failures_by_kind", {}).items():
+                kinds.add_metric([agent, kind], n / minutes)
+        yield latency
+        yield kinds
+        for name, (doc, fields) in COUNTERS.items():
+            c = CounterMetricFamily(name, doc, labels=["agent", "status"] if len(fields) > 1 else ["agent"])
+            for agent, row in agents.items():
+                for f in fields:
+                    value = float(row.get("counters", {}).get(f, 0))
+                    c.add_metric([agent, f] if len(fields) > 1 else [agent], value)
+            yield c
+
+
+def registry(read: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(FarmCollector(read))
+    return reg

@@ -1,0 +1,161 @@
+"""The dashboard's numbers, pages, write actions and /metrics, against a farm the test runs.
+
+Real workers (the noop agent on two streams) settle real tasks through Redis; every number on
+the overview is then checked against what the collected rollouts say, computed here
+independently (rates over the window, percentiles from the sorted latencies).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from farm.client import FarmClient
+from farm.dashboard import data
+from farm.dashboard.app import CSRF_COOKIE, create_app
+from farm.history import LATENCY_EDGES_S, latency_bin
+
+from conftest import in_process_worker, make_settings
+
+HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
+
+
+def percentile_edge(latencies: list[float], q: float) -> float:
+    """The bin edge of the q-quantile latency, computed from the sorted values themselves."""
+    ordered = sorted(latencies)
+    value = ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    return LATENCY_EDGES_S[min(latency_bin(value), len(LATENCY_EDGES_S) - 1)]
+
+
+@pytest.fixture
+async def farm(redis_url, namespace):
+    """Two agents worked by real workers, one agent with work and no worker, and what they returned."""
+    settings = make_settings(redis_url, namespace, max_attempts=1, sample_every=1, dashboard_token="s3cret")
+    client = FarmClient(settings)
+    good = (
+        [{"noop": {"reward": 1.0, "tokens": 20, "sleep_s": 0.02}}] * 10
+        + [{"noop": {"reward": 0.0, "sleep_s": 0.3}}] * 5
+        + [{"noop": {"fail": "fatal"}}] * 3
+        + [{"noop": {"reward": 1.0}, "responses_create_params": {"input": HOSTILE}}]
+    )
+    tasks = [client.task(run_id="dash", agent="noop", row=r) for r in good]
+    flaky = [client.task(run_id="dash", agent="flaky", row={"noop": {"fail": "always"}}) for _ in range(4)]
+    idle = [client.task(run_id="dash", agent="idle", row={}) for _ in range(6)]
+    async with in_process_worker(settings, concurrency=4), in_process_worker(settings, agent="flaky"):
+        await client.submit(tasks + flaky + idle)
+        got = await client.collect(tasks + flaky, timeout_s=60)
+        r = redis.Redis.from_url(redis_url)
+        live = data.overview(r, settings.keys)
+    await client.aclose()
+    yield settings, r, got, tasks, flaky, live
+    r.close()
+
+
+async def test_every_overview_number_matches_the_rollouts(farm):
+    settings, r, got, tasks, flaky, live = farm
+    now = time.time()
+    view = data.overview(r, settings.keys, now=now)
+    _, span = data.history.window(now, data.OVERVIEW_MINUTES)
+    noop = view["agents"]["noop"]
+    mine = [got[t.task_id] for t in tasks]
+    ok = [x for x in mine if x.ok]
+    rewarded = [x.reward for x in mine if x.reward is not None]
+    assert noop["done_per_min"] == pytest.approx(len(ok) / span)
+    assert noop["failed_per_min"] == pytest.approx(3 / span)
+    assert noop["failure_rate"] == pytest.approx(3 / len(mine))
+    assert noop["failures_by_kind"] == {"verifier": 3}
+    assert noop["mean_reward"] == pytest.approx(sum(rewarded) / len(rewarded))
+    assert noop["pass_rate"] == pytest.approx(sum(x >= 1.0 for x in rewarded) / len(rewarded))
+    latencies = [x.timings.total_s for x in mine]
+    assert noop["latency_p50_s"] == percentile_edge(latencies, 0.5)
+    assert noop["latency_p99_s"] == percentile_edge(latencies, 0.99)
+    assert noop["latency_p99_s"] >= 0.25, "the 0.3 s rollouts are in the tail"
+    assert noop["tokens_per_s"] == pytest.approx(10 * 20 / (span * 60))
+    assert (noop["queued"], noop["in_flight"], noop["delayed"], noop["dead"]) == (0, 0, 0, 0)
+    assert noop["counters"]["done"] == len(ok) and noop["counters"]["failed"] == 3
+
+    fl = view["agents"]["flaky"]
+    assert fl["dead"] == 4 and fl["failures_by_kind"] == {"agent_error": 4} and fl["failure_rate"] == 1.0
+    assert fl["mean_reward"] is None and fl["pass_rate"] is None
+    idle = view["agents"]["idle"]
+    assert (idle["queued"], idle["in_flight"], idle["live_workers"], idle["done_per_min"]) == (6, 0, 0, 0.0)
+    assert live["agents"]["noop"]["live_workers"] == 1 and live["agents"]["flaky"]["live_workers"] == 1
+    assert view["workers"] == [], "the heartbeats left with the workers"
+
+
+async def test_pages_api_and_metrics(farm):
+    settings, r, got, tasks, flaky, live = farm
+    web = TestClient(create_app(settings, r))
+    api = web.get("/api/overview").json()
+    assert set(api["agents"]) == {"noop", "flaky", "idle"} and api["agents"]["idle"]["queued"] == 6
+    home = web.get("/")
+    assert home.status_code == 200 and "default-src 'self'" in home.headers["content-security-policy"]
+    assert 'data-agent="noop"' in home.text and "script-src 'self'" in home.headers["content-security-policy"]
+    assert web.get("/agents/noop").text.count("<svg") == 5
+    assert web.get("/workers").status_code == 200
+    hist = web.get("/api/history/noop?minutes=5").json()["points"]
+    assert sum(p["done"] for p in hist) == sum(x.ok for x in got.values() if x.agent_ref.name == "noop")
+
+    families = {f.name: f for f in text_string_to_metric_families(web.get("/metrics").text)}
+    depth = {s.labels["agent"]: s.value for s in families["farm_queue_depth"].samples}
+    assert depth == {"noop": 0.0, "flaky": 0.0, "idle": 6.0}
+    dead = {s.labels["agent"]: s.value for s in families["farm_dead_letters"].samples}
+    assert dead["flaky"] == 4.0
+    done = {(s.labels["agent"], s.labels["status"]): s.value for s in families["farm_rollouts"].samples}
+    assert done[("noop", "done")] == 16.0 and done[("flaky", "dead")] == 4.0
+    kinds = {(s.labels["agent"], s.labels["kind"]) for s in families["farm_failures_per_minute"].samples}
+    assert ("noop", "verifier") in kinds and ("flaky", "agent_error") in kinds
+
+
+async def test_model_output_renders_as_text(farm):
+    settings, r, got, tasks, flaky, live = farm
+    web = TestClient(create_app(settings, r))
+    listing = web.get("/rollouts/noop").text
+    ids = re.findall(r'href="/rollouts/noop/([^"]+)"', listing)
+    assert ids
+    pages = [web.get(f"/rollouts/noop/{i}").text for i in ids]
+    hostile = [p for p in pages if "pwned" in p]
+    assert hostile, "the rollout holding HTML was sampled"
+    assert "<script>document.title" not in hostile[0] and "<img src=x" not in hostile[0]
+    assert "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in hostile[0]
+
+
+async def test_write_actions_need_the_token_and_the_form_of_this_dashboard(farm):
+    settings, r, got, tasks, flaky, live = farm
+    web = TestClient(create_app(settings, r))
+    page = web.get("/dead/flaky")
+    csrf = web.cookies.get(CSRF_COOKIE)
+    assert page.status_code == 200 and csrf and f'value="{csrf}"' in page.text
+    letter = re.findall(r'<tr data-id="([^"]+)">', page.text)[0]
+    refused = [
+        ({"csrf": csrf, "token": "wrong", "ids": letter}, "wrong dashboard token"),
+        ({"csrf": "forged", "token": "s3cret", "ids": letter}, "CSRF"),
+        ({"token": "s3cret", "ids": letter}, "CSRF"),
+    ]
+    for form, reason in refused:
+        resp = web.post("/dead/flaky/requeue", data=form, follow_redirects=False)
+        assert resp.status_code == 403 and reason in resp.text
+    assert web.get("/dead/flaky/requeue").status_code == 405, "write actions are POST only"
+    assert r.xlen(settings.keys.dead("flaky")) == 4
+    ok = web.post("/dead/flaky/requeue", data={"csrf": csrf, "token": "s3cret", "ids": letter}, follow_redirects=False)
+    assert ok.status_code == 303 and r.xlen(settings.keys.dead("flaky")) == 3
+    assert r.xlen(settings.keys.tasks("flaky")) == 1
+    purged = web.post("/dead/flaky/purge", data={"csrf": csrf, "token": "s3cret", "all": "yes"}, follow_redirects=True)
+    assert "purged 3" in purged.text and r.xlen(settings.keys.dead("flaky")) == 0
+
+    closed = TestClient(create_app(make_settings(settings.redis_url, settings.namespace), r))
+    closed.get("/dead/flaky")
+    resp = closed.post("/dead/flaky/purge", data={"csrf": closed.cookies.get(CSRF_COOKIE), "token": "", "all": "yes"})
+    assert resp.status_code == 403 and "write actions are disabled" in resp.text
+
+
+def test_a_redis_that_is_down_is_one_line(namespace):
+    settings = make_settings("redis://127.0.0.1:1/0", namespace, redis_down_max_s=0.5)
+    resp = TestClient(create_app(settings)).get("/api/overview")
+    assert resp.status_code == 503 and resp.text.startswith("farm dashboard: ") and "\n" not in resp.text.strip()
