@@ -64,6 +64,7 @@ class WorkerPool:
         concurrency: int,
         log_dir: Path,
         label: str,
+        impl: str | None = None,
         **env: str,
     ):
         self.env = dict(
@@ -74,7 +75,7 @@ class WorkerPool:
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             **env,
         )
-        self.cmd = worker_command(agent, 1, concurrency)
+        self.cmd = worker_command(agent, 1, concurrency, impl)
         self.processes, self.log_dir, self.label = processes, log_dir, label
         self.children: list[subprocess.Popen] = []
 

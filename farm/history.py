@@ -1,10 +1,10 @@
 """Per-minute history of every agent, kept in Redis for the dashboards.
 
 A worker adds each settled rollout to its agent's bucket for the current minute,
-`{ns}:hist:{agent}:{minute}` (a hash with a TTL), inside the same SETTLE script that writes
-the rollout and acknowledges the task: no extra round trip, and a task settled twice (or a
-settle replayed after a lost reply) is counted once, since the script counts only the settle
-that acknowledges. What a bucket holds:
+`{ns}:hist:{agent}:{minute}` (a hash with a TTL): its Settler sums the increments of the
+settles that acknowledged their task and writes each bucket's sum in the next pipelined round
+trip it makes anyway (farm.streams.Settler), so the history costs no round trip and no Redis
+work per task, and a task settled elsewhere is not counted twice. What a bucket holds:
 
   done, failed          rollouts that ended ok/truncated, and failed ones (dead letters included)
   fail:<kind>           failures by ErrorKind
@@ -12,7 +12,7 @@ that acknowledges. What a bucket holds:
   passed                rollouts whose reward reached `pass_threshold`
   lat:<i>, lat_sum      rollout latency (pickup to finish) in the bins of LATENCY_EDGES_S
   tokens                completion tokens, for tokens per second
-  depth                 the task stream's length (waiting and in flight) at the minute's last settle
+  depth                 the task stream's length (waiting and in flight) when the minute's counts were last written
 
 Reading the last hours costs one HGETALL per agent and minute, whatever the number of tasks.
 Percentiles come from the bins: the upper edge of the bin where the cumulative count crosses
@@ -22,6 +22,7 @@ the quantile (the last bin reads as its lower edge), exact to the bin.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
@@ -47,6 +48,9 @@ class Recording:
         return cls(s.history, s.history_ttl_s, s.pass_threshold, s.sample_every, s.sample_keep, s.dead_maxlen)
 
 
+LATENCY_FIELDS = tuple(f"lat:{i}" for i in range(len(LATENCY_EDGES_S) + 1))
+
+
 def minute(now: Optional[float] = None) -> int:
     """The epoch minute a bucket is keyed by."""
     return int((time.time() if now is None else now) // 60)
@@ -58,7 +62,7 @@ def latency_bin(seconds: float) -> int:
 
 
 def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float]:
-    """What one settled rollout adds to its minute's bucket."""
+    """What one settled rollout adds to its minute's bucket: counts as int, sums as float (finite)."""
     out: dict[str, float] = {}
     if rollout.ok:
         out["done"] = 1
@@ -66,17 +70,17 @@ def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float
         out["failed"] = 1
         kind = rollout.error.kind if rollout.error is not None else "unknown"
         out[f"fail:{kind}"] = 1
-    if rollout.reward is not None:
+    if rollout.reward is not None and math.isfinite(rollout.reward):
         out["reward_sum"] = float(rollout.reward)
         out["reward_n"] = 1
         if rollout.reward >= pass_threshold:
             out["passed"] = 1
-    latency = rollout.timings.total_s
-    out[f"lat:{latency_bin(latency)}"] = 1
-    out["lat_sum"] = latency
+    latency = rollout.timings.total_s if math.isfinite(rollout.timings.total_s) else 0.0
+    out[LATENCY_FIELDS[latency_bin(latency)]] = 1
+    out["lat_sum"] = float(latency)
     tokens = (rollout.metrics or {}).get("completion_tokens")
     if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) and tokens > 0:
-        out["tokens"] = float(tokens)
+        out["tokens"] = int(tokens)
     return out
 
 

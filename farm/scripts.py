@@ -14,16 +14,13 @@ import hashlib
 
 # Settle one task: write what it produced, then acknowledge it, in one script, so a task is
 # never acknowledged unless its rollout (or dead letter) was written.
-# KEYS: tasks stream, stats hash, the minute's history bucket (farm.history), then one stream
-# per appended entry.
+# KEYS: tasks stream, stats hash, then one stream per appended entry.
 # ARGV: group, entry id, stats field, result-stream prefix, index in KEYS of the reply stream
-# (0: none), m, bucket TTL seconds, then m (field, increment) pairs for the bucket, then for
-# each appended stream: n, maxlen (0: uncapped), the stats field that counts trimmed entries
-# ('' : not counted), field1, value1, ... (n pairs).
+# (0: none), then for each appended stream: n, maxlen (0: uncapped), the stats field that
+# counts trimmed entries ('': not counted), field1, value1, ... (n pairs).
 # Returns 1 settled; 0 already settled (not pending: a replay, or another worker's reclaim);
 # -1 the reply stream is outside the namespace's result streams; -2 an appended key holds a
-# value that is not a stream. On -1/-2 nothing is written or acknowledged. The bucket and the
-# stats are counted only by the settle that acknowledges, so nothing is counted twice.
+# value that is not a stream. On -1/-2 nothing is written or acknowledged.
 SETTLE = """
 if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
 local reply = tonumber(ARGV[5])
@@ -31,13 +28,12 @@ if reply > 0 then
   local key, prefix = KEYS[reply], ARGV[4]
   if #key <= #prefix or string.sub(key, 1, #prefix) ~= prefix then return -1 end
 end
-for k = 4, #KEYS do
+for k = 3, #KEYS do
   local t = redis.call('TYPE', KEYS[k])['ok']
   if t ~= 'none' and t ~= 'stream' then return -2 end
 end
-local m = tonumber(ARGV[6])
-local a = 8 + 2 * m
-for k = 4, #KEYS do
+local a = 6
+for k = 3, #KEYS do
   local n, maxlen, dropstat = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
   a = a + 3
   local fields = {}
@@ -52,12 +48,26 @@ end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
-local bucket = redis.call('TYPE', KEYS[3])['ok']
-if m > 0 and (bucket == 'none' or bucket == 'hash') then
-  for i = 0, m - 1 do redis.call('HINCRBYFLOAT', KEYS[3], ARGV[8 + 2 * i], ARGV[9 + 2 * i]) end
-  redis.call('HSET', KEYS[3], 'depth', redis.call('XLEN', KEYS[1]))
-  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
+return 1
+"""
+
+# Add a batch of settled rollouts to a minute's history bucket (farm.history), note the task
+# stream's length there, and keep the bucket for ARGV[1] seconds. KEYS: bucket hash, tasks
+# stream. ARGV: TTL seconds, then (field, increment) pairs: an increment written without a '.'
+# is an integer (HINCRBY), one with a '.' a float (HINCRBYFLOAT). A bucket key of another type
+# is left alone (0).
+BUCKET = """
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'hash' then return 0 end
+for i = 2, #ARGV, 2 do
+  if string.find(ARGV[i + 1], '.', 1, true) then
+    redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+  else
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
 end
+redis.call('HSET', KEYS[1], 'depth', redis.call('XLEN', KEYS[2]))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 1
 """
 
@@ -134,5 +144,13 @@ end
 return n
 """
 
-SOURCES = {"prune": PRUNE, "settle": SETTLE, "retry": RETRY, "promote": PROMOTE, "renew": RENEW, "release": RELEASE}
+SOURCES = {
+    "bucket": BUCKET,
+    "prune": PRUNE,
+    "settle": SETTLE,
+    "retry": RETRY,
+    "promote": PROMOTE,
+    "renew": RENEW,
+    "release": RELEASE,
+}
 SHAS = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in SOURCES.items()}

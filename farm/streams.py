@@ -70,6 +70,7 @@ class AgentStream:
         self.stream = keys.tasks(agent)
         self.stats = keys.stats(agent)
         self.rec = recording or Recording()
+        self._bucket: tuple[int, str] = (-1, "")
 
     async def setup(self) -> None:
         await self.outage.call(self._setup, "setting up the stream")
@@ -173,13 +174,10 @@ class AgentStream:
     ) -> tuple:
         """SETTLE for one entry. `appends`: (stream, fields) or (stream, fields, maxlen, dropped-stat);
         `reply_to`, when given, is the first appended stream and is checked by the script; `bucket`
-        goes to this minute's history (farm.history) when recording is on."""
-        pairs = bucket if (bucket and self.rec.history) else {}
-        keys = [self.stream, self.stats, self.keys.history(self.agent, history.minute())]
-        args: list = [GROUP, entry_id, stat, self.keys.results_prefix(), 4 if reply_to is not None else 0]
-        args += [len(pairs), self.rec.ttl_s]
-        for k, v in pairs.items():
-            args += [k, repr(float(v))]
+        (this minute's history increments, farm.history) rides along for the Settler, which adds
+        it once the settle has acknowledged the task."""
+        keys = [self.stream, self.stats]
+        args: list = [GROUP, entry_id, stat, self.keys.results_prefix(), 3 if reply_to is not None else 0]
         appends = list(appends)
         if reply_to is not None:
             assert appends and appends[0][0] == reply_to, "the reply is the first appended stream"
@@ -189,7 +187,15 @@ class AgentStream:
             args += [len(fields), maxlen, dropstat]
             for k, v in fields.items():
                 args += [k, v]
-        return ("settle", keys, args)
+        counts = (self._bucket_key(), self.stream, self.rec.ttl_s, bucket) if bucket and self.rec.history else None
+        return ("settle", keys, args, counts)
+
+    def _bucket_key(self) -> str:
+        """This minute's history bucket (the key is built once a minute, not once a settle)."""
+        now = history.minute()
+        if now != self._bucket[0]:
+            self._bucket = (now, self.keys.history(self.agent, now))
+        return self._bucket[1]
 
     def reply_op(self, entry_id: str, rollout: schema.Rollout, reply_to: str, fields: Optional[dict] = None) -> tuple:
         """SETTLE with the rollout; `fields` is its entry when the caller has encoded it already.
@@ -247,12 +253,23 @@ class Settler:
     retried by the Outage; the scripts are idempotent, so replaying a batch whose reply was
     lost is safe. A script that fails inside Redis fails only its own task, mapped to the
     farm's error.
+
+    The history (farm.history) costs no round trip and no work per task: the increments of the
+    settles that acknowledged (result 1) are summed per bucket, and each bucket's sum rides in
+    the next batch's pipeline as one BUCKET script (or goes alone after FLUSH_S without one).
+    A settle that was already settled elsewhere is not counted; a pipeline replayed after a
+    lost reply may count its buckets twice, and a worker killed with -9 loses at most its
+    last FLUSH_S of counts: the history is for watching, the stats hash and the streams hold
+    the exact record.
     """
+
+    FLUSH_S = 1.0
 
     def __init__(self, r: aioredis.Redis, outage: Outage, max_batch: int = 512):
         self.r, self.outage, self.max_batch = r, outage, max_batch
         self.queue: asyncio.Queue = asyncio.Queue()
         self._task: Optional[asyncio.Task] = None
+        self._counts: dict[tuple[str, str, int], dict[str, float]] = {}
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="settler")
@@ -269,20 +286,40 @@ class Settler:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        if self._counts:  # the last counts, once, without waiting out an outage
+            try:
+                await self._pipeline([], self._take_counts())
+            except Exception as exc:  # noqa: BLE001 - history only; the settles themselves are done
+                log.warning("could not write the last history counts: %s", exc)
+
+    async def _next(self) -> Optional[tuple]:
+        if not self._counts:
+            return await self.queue.get()
+        try:
+            return await asyncio.wait_for(self.queue.get(), self.FLUSH_S)
+        except asyncio.TimeoutError:
+            return None
 
     async def _loop(self) -> None:
         while True:
-            batch = [await self.queue.get()]
+            first = await self._next()
+            batch = [first] if first is not None else []
             while len(batch) < self.max_batch and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
+            counts = self._take_counts()
+            ops = [op for op, _ in batch]
             try:
-                results = await self.outage.call(lambda: self._execute([op for op, _ in batch]), "settling rollouts")
+                results = await self.outage.call(lambda: self._execute(ops, counts), "settling rollouts")
             except Exception as exc:  # TransportError after the bounded retries: tasks stay pending
+                self._add_counts(counts)
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
-            for (_, fut), res in zip(batch, results):
+            for (op, fut), res in zip(batch, results):
+                if res == 1 and len(op) > 3 and op[3] is not None:
+                    key, stream, ttl, inc = op[3]
+                    self._add_counts({(key, stream, ttl): inc})
                 if fut.done():
                     continue
                 if isinstance(res, Exception):
@@ -290,15 +327,30 @@ class Settler:
                 else:
                     fut.set_result(res)
 
-    async def _execute(self, ops: list[tuple]) -> list:
-        results = await self._pipeline(ops)
+    def _add_counts(self, counts: dict[tuple[str, str, int], dict[str, float]]) -> None:
+        for bucket, inc in counts.items():
+            total = self._counts.setdefault(bucket, {})
+            for k, v in inc.items():
+                total[k] = total.get(k, 0) + v
+
+    def _take_counts(self) -> dict[tuple[str, str, int], dict[str, float]]:
+        counts, self._counts = self._counts, {}
+        return counts
+
+    async def _execute(self, ops: list[tuple], counts: dict) -> list:
+        results = await self._pipeline(ops, counts)
         if any(isinstance(x, NoScriptError) for x in results):
             await load_scripts(self.r)  # Redis restarted and lost its script cache
-            results = await self._pipeline(ops)
-        return results
+            results = await self._pipeline(ops, counts)
+        return results[: len(ops)]
 
-    async def _pipeline(self, ops: list[tuple]) -> list:
+    async def _pipeline(self, ops: list[tuple], counts: dict) -> list:
         pipe = self.r.pipeline(transaction=False)
-        for name, keys, args in ops:
+        for name, keys, args, *_ in ops:
             pipe.evalsha(SHAS[name], len(keys), *keys, *args)
+        for (key, stream, ttl), inc in counts.items():
+            args = [ttl]
+            for k, v in inc.items():
+                args += [k, v if type(v) is int else f"{v:.9f}"]  # a float always has a '.'
+            pipe.evalsha(SHAS["bucket"], 2, key, stream, *args)
         return await pipe.execute(raise_on_error=False)

@@ -248,10 +248,11 @@ async def consumer_with_tasks(settings: Settings, n: int = 1, consumer: str = "c
 
 
 async def run_script(r, op) -> object:
-    """Run one settle operation (name, keys, args) as the Settler would, in a single EVALSHA."""
+    """Run one settle operation (name, keys, args[, history counts]) in a single EVALSHA (the
+    Settler also adds the history counts of the settles that acknowledged; see farm.streams)."""
     from farm.scripts import SHAS
 
-    name, keys, args = op
+    name, keys, args, *_ = op
     return await r.evalsha(SHAS[name], len(keys), *keys, *args)
 
 
@@ -347,3 +348,34 @@ def as_row(env, row):
     if not isinstance(row, dict):
         return row
     return env.check_row({"responses_create_params": {"input": "question"}, **row})
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def need_binary(name: str, package: str) -> str:
+    """The path of a system binary the test needs; scripts/test installs it (apt) where it can.
+    Missing: a skip that says why, except under CI=true, where it is a failure."""
+    import shutil
+
+    path = shutil.which(name)
+    if path:
+        return path
+    reason = f"{name} is not installed (Debian package {package}; scripts/test installs it when run as root)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    print(f"SKIP: {reason}")
+    pytest.skip(reason)
+
+
+def farm_process(args: list[str], redis_url: str, namespace: str, log: Path, **env: str) -> subprocess.Popen:
+    """`python -m farm ARGS` against this test's Redis and namespace, logging to `log`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    full = {**base, "FARM_REDIS_URL": redis_url, "FARM_NAMESPACE": namespace, "PYTHONPATH": str(ROOT), **env}
+    out = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "farm", *args], cwd=ROOT, env=full, stdout=out, stderr=out)

@@ -25,7 +25,7 @@ import pytest
 
 from farm.cli import main
 
-from conftest import ROOT, spawn_worker, stop, wait_for, worker_env
+from conftest import ROOT, free_port, spawn_worker, stop, wait_for, worker_env
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
@@ -483,14 +483,27 @@ def _processes_of(namespace: str) -> list[int]:
     return out
 
 
+def _overview(port: int):
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/overview", timeout=2) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
 def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, tmp_path):
     import asyncio
 
     from farm.client import FarmClient
 
     env = worker_env(settings, FARM_DATA_DIR=str(tmp_path / "data"))
+    port = free_port()
+    config = tmp_path / "up.yaml"  # the shipped noop farm, plus its dashboard
+    config.write_text((ROOT / "configs" / "farm_up_noop.yaml").read_text() + f"  dashboard: {{port: {port}}}\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "farm", "--config", str(ROOT / "configs" / "farm_up_noop.yaml"), "up"],
+        [sys.executable, "-m", "farm", "--config", str(config), "up"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -514,6 +527,9 @@ def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, 
 
         got = asyncio.run(batch())
         assert len(got) == 50 and all(r.ok for r in got.values())
+        assert any(f"dashboard http://127.0.0.1:{port}/" in line for line in seen), seen
+        view = wait_for(lambda: _overview(port), timeout=30, what="the dashboard farm up started")
+        assert view["agents"]["noop"]["done_per_min"] > 0 and view["agents"]["noop"]["live_workers"] == 2
         children = [p for p in _processes_of(namespace) if p != proc.pid]
         assert len(children) >= 3  # the pool supervisor and its two workers
     finally:

@@ -225,7 +225,9 @@ def test_a_failed_write_leaves_the_task_pending(tmp_path):
     for src in SOURCES.values():
         r.script_load(src)
     fake = AgentStream(None, settings.keys, "noop", "c1", Outage.for_settings(settings))
-    name, keys, args = fake.reply_op(entry_id.decode(), schema.Rollout.for_task(task, status=Status.ok), task.reply_to)
+    name, keys, args, _ = fake.reply_op(
+        entry_id.decode(), schema.Rollout.for_task(task, status=Status.ok), task.reply_to
+    )
     before = r.config_get("maxmemory")["maxmemory"]
     r.config_set("maxmemory", 1)
     try:

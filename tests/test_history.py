@@ -14,6 +14,8 @@ from farm import history
 from farm.client import FarmClient
 from farm.history import LATENCY_EDGES_S, decode_bucket, latency_bin, merge, quantile, summary
 from farm.schema import Rollout, Status, Task, Timings
+from farm.streams import Settler
+from farm.transport import Outage
 
 from conftest import consumer_with_tasks, in_process_worker, make_settings, run_script
 
@@ -94,15 +96,23 @@ async def test_buckets_hold_what_the_settled_rollouts_say(redis_url, namespace):
     r.close()
 
 
-async def test_a_replayed_settle_is_counted_once(settings, sync_redis):
-    r, stream, tasks, ids = await consumer_with_tasks(settings, 1)
+async def test_a_settle_replayed_or_done_elsewhere_is_counted_once(settings, sync_redis):
+    r, stream, tasks, ids = await consumer_with_tasks(settings, 2)
+    settler = Settler(r, Outage.for_settings(settings))
+    settler.start()
     done = Rollout.for_task(tasks[0], status=Status.ok, reward=1.0, timings=Timings(total_s=0.2))
     op = stream.reply_op(ids[0], done, tasks[0].reply_to)
-    assert await run_script(r, op) == 1
-    assert await run_script(r, op) == 0, "the entry is no longer pending"
+    assert await settler.run(op) == 1
+    assert await settler.run(op) == 0, "the entry is no longer pending: not counted again"
+    other = stream.reply_op(ids[1], Rollout.for_task(tasks[1], status=Status.ok, reward=0.5), tasks[1].reply_to)
+    assert await run_script(r, other) == 1  # settled by "another worker", which counts it itself
+    assert await settler.run(other) == 0
+    await settler.close()  # writes the counts it still holds
     await r.aclose()
-    bucket = decode_bucket(sync_redis.hgetall(op[1][2]))
-    assert bucket["done"] == 1.0 and bucket["reward_n"] == 1.0
+    bucket = decode_bucket(sync_redis.hgetall(op[3][0]))
+    assert bucket["done"] == 1.0 and bucket["reward_n"] == 1.0 and bucket["reward_sum"] == 1.0
+    assert bucket["depth"] == 1.0, "the second task still waited when the first one's count was written"
+    assert 0 < sync_redis.ttl(op[3][0]) <= settings.history_ttl_s
 
 
 async def test_dead_letters_are_capped_and_the_dropped_ones_counted(redis_url, namespace):

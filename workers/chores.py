@@ -77,3 +77,41 @@ def dump_tasks() -> None:
         buf = io.StringIO()
         task.print_stack(file=buf)
         log.warning("task %s:\n%s", task.get_name(), buf.getvalue())
+
+
+class WorkerCollector:
+    """The worker's own metrics for `farm worker --metrics-port`: its counters, in flight, concurrency."""
+
+    def __init__(self, worker: Any):
+        self.worker = worker
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        w = self.worker
+        labels = [w.agent_name, w.worker_id]
+        done = CounterMetricFamily(
+            "farm_worker_tasks", "Tasks this worker settled, by outcome.", labels=["agent", "worker", "outcome"]
+        )
+        for outcome in ("done", "failed", "dead", "retried", "duplicate", "unsettled"):
+            done.add_metric([*labels, outcome], float(w.counters.get(outcome, 0)))
+        yield done
+        inflight = GaugeMetricFamily("farm_worker_in_flight", "Tasks this worker runs now.", labels=["agent", "worker"])
+        inflight.add_metric(labels, float(len(w.inflight)))
+        yield inflight
+        slots = GaugeMetricFamily(
+            "farm_worker_concurrency", "Concurrent loops of this worker.", labels=["agent", "worker"]
+        )
+        slots.add_metric(labels, float(w.concurrency))
+        yield slots
+
+
+def serve_metrics(worker: Any, port: int, host: str = "127.0.0.1") -> None:
+    """Prometheus metrics of this worker process (its counters and the process collector) on host:port."""
+    from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    registry.register(WorkerCollector(worker))
+    start_http_server(port, addr=host, registry=registry)
+    log.info("worker metrics on http://%s:%d/metrics", host, port)

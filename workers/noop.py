@@ -9,6 +9,7 @@ It exists to exercise the transport (tests) and to measure the farm's own overhe
     fail: "always"         raise on every attempt (ends dead-lettered)
     fail: N                raise on the first N attempts, then succeed
     fail: "fatal"          a non-retryable RolloutFailure (a failed rollout, no retry)
+    kind: str              the failure kind of `fatal` (an ErrorKind; default verifier)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class NoopAgent:
         if fail == "always" or (isinstance(fail, int) and task.attempt <= fail):
             raise RuntimeError(f"noop told to fail (attempt {task.attempt})")
         if fail == "fatal":
-            raise RolloutFailure(ErrorKind.verifier, "noop told to fail without retry")
+            raise RolloutFailure(spec.get("kind", ErrorKind.verifier), "noop told to fail without retry")
         trace = None
         n = int(spec.get("tokens", 0) or 0)
         if n:

@@ -15,6 +15,7 @@ for ever, one that crash-loops stops the pool with a message that says so.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import time
@@ -48,6 +49,11 @@ class RestartWindow:
         return backoff_delay(self.base_s, self.cap_s, n)
 
 
+def _slot_env(env: Optional[dict[str, str]], slot: int) -> dict[str, str]:
+    """The child's environment, with FARM_WORKER_SLOT (0..P-1): e.g. its metrics port is the base + slot."""
+    return {**(os.environ if env is None else env), "FARM_WORKER_SLOT": str(slot)}
+
+
 def run_pool(
     cmd: list[str],
     processes: int,
@@ -57,7 +63,9 @@ def run_pool(
     base_s: float = 0.5,
     env: Optional[dict[str, str]] = None,
 ) -> int:
-    children: dict[int, Optional[subprocess.Popen]] = {i: subprocess.Popen(cmd, env=env) for i in range(processes)}
+    children: dict[int, Optional[subprocess.Popen]] = {
+        i: subprocess.Popen(cmd, env=_slot_env(env, i)) for i in range(processes)
+    }
     due: dict[int, float] = {}  # slot -> when its restart is due
     window = RestartWindow(max_restarts, window_s, base_s)
     stopping = False
@@ -88,7 +96,7 @@ def run_pool(
         for slot, at in list(due.items()):
             if now >= at and not stopping:
                 del due[slot]
-                children[slot] = subprocess.Popen(cmd, env=env)
+                children[slot] = subprocess.Popen(cmd, env=_slot_env(env, slot))
         for slot, c in children.items():
             code = None if c is None else c.poll()
             if code is None:

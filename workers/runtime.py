@@ -47,7 +47,7 @@ from farm.history import Recording
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
 from farm.transport import Outage
-from workers.chores import VERSION, Summary, dump_tasks, raise_open_files
+from workers.chores import VERSION, Summary, dump_tasks, raise_open_files, serve_metrics
 from workers.context import Agent, AgentContext
 from workers.outcome import Outcomes
 
@@ -347,9 +347,17 @@ class Worker:
 
 
 async def run_worker(
-    settings: Settings, agent_name: str, agent: Agent, *, concurrency: Optional[int] = None, handle_signals: bool = True
+    settings: Settings,
+    agent_name: str,
+    agent: Agent,
+    *,
+    concurrency: Optional[int] = None,
+    handle_signals: bool = True,
+    metrics_port: Optional[int] = None,
 ) -> Counter:
     worker = Worker(settings, agent_name, agent, concurrency=concurrency)
+    if metrics_port:
+        serve_metrics(worker, metrics_port)
     if handle_signals:
         worker.install_signal_handlers()
     return await worker.run()

@@ -12,7 +12,7 @@ every farm process reads them):
       workers:                   # one pool per agent: processes (and concurrency, impl)
         single_tool_call: {processes: 1, concurrency: 16}
         mcqa: 2
-      dashboard: {port: 8787}    # started where the `farm dashboard` command exists
+      dashboard: {port: 8600}    # `farm dashboard` on 127.0.0.1
 
 It prints where everything is, keeps the group until SIGINT or SIGTERM (or until a part
 exits, which stops the rest), then stops the pools (they drain), the policy server and the
@@ -189,7 +189,12 @@ def run_up(settings: Settings, path: str | os.PathLike) -> int:
         procs = start_pools(stack, s, plan["pools"], env, log_dir, prefix="up")
         dashboard = plan["dashboard"]
         if dashboard:
-            lines.append("dashboard not started: this farm has no `farm dashboard` command yet")
+            port = int((dashboard if isinstance(dashboard, dict) else {}).get("port", 8600))
+            out = open(log_dir / "up-dashboard.log", "ab")
+            stack.callback(out.close)
+            cmd = [sys.executable, "-m", "farm", "dashboard", "--port", str(port)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            lines.append(f"dashboard http://127.0.0.1:{port}/  (metrics at /metrics)")
         wait_for_workers(s, sum(p.processes for p in plan["pools"]), procs, log_dir)
         for pool in plan["pools"]:
             lines.append(

@@ -94,37 +94,39 @@ def _chosen(ids: tuple[str, ...], every: bool, verb: str) -> Optional[list[str]]
     return None if every else list(ids)
 
 
+IDS = click.argument("ids", nargs=-1)
+ALL = click.option("--all", "every", is_flag=True, help="every dead letter of the agent.")
+
+
+def _act(g: Globals, agent: str, ids: tuple[str, ...], every: bool, verb: str) -> int:
+    from farm import deadletters
+    from farm.transport import errors
+
+    s, r = _open(g)
+    with errors(s.redis_url):
+        n = getattr(deadletters, verb)(r, s.keys, agent, _chosen(ids, every, verb))
+    what = "task(s)" if verb == "requeue" else "dead letter(s)"
+    print(f"{verb}d {n} {what} for {agent!r} ({_where(s)})")
+    return 0
+
+
 @dead.command(
     "requeue", epilog="Examples:\n\n  farm dead requeue --agent math --all\n\n  farm dead requeue --agent math ID"
 )
 @AGENT
-@click.argument("ids", nargs=-1)
-@click.option("--all", "every", is_flag=True, help="every dead letter of the agent.")
+@IDS
+@ALL
 @pass_globals
 def dead_requeue(g: Globals, agent, ids, every) -> int:
     """Put dead letters back on the agent's task stream; they start over with their attempts."""
-    from farm.deadletters import requeue
-    from farm.transport import errors
-
-    s, r = _open(g)
-    with errors(s.redis_url):
-        n = requeue(r, s.keys, agent, _chosen(ids, every, "requeue"))
-    print(f"requeued {n} task(s) for {agent!r} ({_where(s)})")
-    return 0
+    return _act(g, agent, ids, every, "requeue")
 
 
 @dead.command("purge", epilog="Examples:\n\n  farm dead purge --agent math --all\n\n  farm dead purge --agent math ID")
 @AGENT
-@click.argument("ids", nargs=-1)
-@click.option("--all", "every", is_flag=True, help="every dead letter of the agent.")
+@IDS
+@ALL
 @pass_globals
 def dead_purge(g: Globals, agent, ids, every) -> int:
     """Delete dead letters for good."""
-    from farm.deadletters import purge
-    from farm.transport import errors
-
-    s, r = _open(g)
-    with errors(s.redis_url):
-        n = purge(r, s.keys, agent, _chosen(ids, every, "purge"))
-    print(f"purged {n} dead letter(s) for {agent!r} ({_where(s)})")
-    return 0
+    return _act(g, agent, ids, every, "purge")

@@ -52,8 +52,14 @@ def redis(g: Globals, port, bind, data_dir, password_file, appendfsync) -> int:
 @click.option("--impl", default=None, help="registered agent implementation (default: the agent name).")
 @click.option("--concurrency", type=COUNT, default=None, help="concurrent rollouts per process (default 32).")
 @click.option("--processes", type=COUNT, default=1, show_default=True, help="worker processes.")
+@click.option(
+    "--metrics-port",
+    type=PORT,
+    default=None,
+    help="serve each process's Prometheus metrics on 127.0.0.1, ports PORT, PORT+1, ... (one per process).",
+)
 @pass_globals
-def worker(g: Globals, agent, impl, concurrency, processes) -> int:
+def worker(g: Globals, agent, impl, concurrency, processes, metrics_port) -> int:
     """Run a worker pool for one agent."""
     s = g.settings(concurrency=concurrency)
     if processes > 1:
@@ -63,6 +69,8 @@ def worker(g: Globals, agent, impl, concurrency, processes) -> int:
         child += ["worker", "--agent", agent, "--concurrency", str(s.concurrency), "--processes", "1"]
         if impl:
             child += ["--impl", impl]
+        if metrics_port:
+            child += ["--metrics-port", str(metrics_port)]  # each child adds its FARM_WORKER_SLOT
         # The global options reach the children as FARM_* variables: a Redis URL may hold a password,
         # which must not sit on a command line.
         env = dict(os.environ, **{f"FARM_{name.upper()}": str(value) for name, value in g.overrides.items()})
@@ -76,7 +84,8 @@ def worker(g: Globals, agent, impl, concurrency, processes) -> int:
 
     loaded = load_agent(agent, s, impl)  # an unknown agent fails here, before any connection
     with ensure_redis(s) as s:
-        counters = asyncio.run(run_worker(s, agent, loaded, concurrency=s.concurrency))
+        port = metrics_port + int(os.environ.get("FARM_WORKER_SLOT", "0")) if metrics_port else None
+        counters = asyncio.run(run_worker(s, agent, loaded, concurrency=s.concurrency, metrics_port=port))
     log.info("worker exit", extra=dict(counters))
     return 0
 

@@ -49,7 +49,14 @@ def _queue(r: redis.Redis, keys: Keys, agent: str) -> dict[str, Any]:
     pipe.xlen(keys.dead(agent))
     pipe.hgetall(keys.stats(agent))
     length, delayed, dead, stats = pipe.execute()
-    row: dict[str, Any] = {"queued": 0, "in_flight": 0, "lag": 0, "delayed": int(delayed), "dead": int(dead)}
+    # Without a consumer group yet (no worker ever read the stream) every entry is waiting.
+    row: dict[str, Any] = {
+        "queued": int(length),
+        "in_flight": 0,
+        "lag": int(length),
+        "delayed": int(delayed),
+        "dead": int(dead),
+    }
     try:
         for g in r.xinfo_groups(stream):
             if _s(g["name"]) == GROUP:

@@ -1,0 +1,152 @@
+"""A real Prometheus scrapes the farm, and every Grafana panel and alert rule shipped in
+deploy/monitoring gets data back through its HTTP API; promtool accepts the shipped files.
+
+The farm is made to show every condition the alerts watch for: an agent with a growing
+backlog and no worker, an agent whose rollouts all fail (dead letters rising, some as policy
+errors), and a healthy one, served by `farm worker` processes, one with --metrics-port.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import redis
+import yaml
+
+from farm.schema import Task
+
+from conftest import ROOT, farm_process, free_port, make_settings, need_binary, wait_for
+
+MONITORING = ROOT / "deploy" / "monitoring"
+pytestmark = pytest.mark.slow
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def query(prom: str, expr: str) -> list:
+    out = get(f"{prom}/api/v1/query?query={urllib.parse.quote(expr)}")
+    assert out["status"] == "success", (expr, out)
+    return out["data"]["result"]
+
+
+def panel_queries() -> list[str]:
+    dash = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    return [t["expr"] for p in dash["panels"] for t in p["targets"]]
+
+
+def alert_rules() -> dict[str, str]:
+    rules = yaml.safe_load((MONITORING / "alerts.yml").read_text())
+    return {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+
+
+def test_promtool_accepts_the_shipped_rules_and_config():
+    promtool = need_binary("promtool", "prometheus")
+    for args in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"]):
+        out = subprocess.run([promtool, *args], cwd=MONITORING, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "SUCCESS" in out.stdout + out.stderr
+
+
+def test_every_panel_and_alert_gets_data_from_a_real_prometheus(redis_url, namespace, tmp_path):
+    prometheus = need_binary("prometheus", "prometheus")
+    settings = make_settings(redis_url, namespace, max_attempts=1)
+    dash_port, worker_port, prom_port = free_port(), free_port(), free_port()
+    procs = [
+        farm_process(["dashboard", "--port", str(dash_port)], redis_url, namespace, tmp_path / "dashboard.log"),
+        farm_process(
+            ["worker", "--agent", "noop", "--metrics-port", str(worker_port)],
+            redis_url,
+            namespace,
+            tmp_path / "noop.log",
+        ),
+        farm_process(["worker", "--agent", "flaky", "--impl", "noop"], redis_url, namespace, tmp_path / "flaky.log"),
+    ]
+    rules = tmp_path / "alerts.yml"
+    shutil.copy(MONITORING / "alerts.yml", rules)
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [
+            {"job_name": "farm", "static_configs": [{"targets": [f"127.0.0.1:{dash_port}"]}]},
+            {"job_name": "farm-workers", "static_configs": [{"targets": [f"127.0.0.1:{worker_port}"]}]},
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    log = open(tmp_path / "prometheus.log", "ab")
+    procs.append(
+        subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            stdout=log,
+            stderr=log,
+        )
+    )
+    prom = f"http://127.0.0.1:{prom_port}"
+    stop = threading.Event()
+
+    def feed() -> None:
+        r = redis.Redis.from_url(redis_url)
+        while not stop.is_set():
+            rows = [
+                ("idle", {}),  # no worker: a backlog that grows
+                ("noop", {"noop": {"reward": 1.0, "tokens": 16}}),
+                ("noop", {"noop": {"reward": 0.0}}),
+                ("flaky", {"noop": {"fail": "always"}}),  # dead letters rising
+                ("flaky", {"noop": {"fail": "fatal", "kind": "policy"}}),  # policy errors
+            ]
+            for agent, row in rows:
+                task = Task.new(run_id="prom", agent=agent, row=row, reply_to=settings.keys.results("prom"))
+                client_sync_submit(r, settings, task)
+            stop.wait(0.5)
+        r.close()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    try:
+        feeder.start()
+        wait_for(lambda: _ready(prom), timeout=60, every=0.5, what="prometheus to answer")
+        wait_for(lambda: len(query(prom, "farm_rollouts_total")) >= 4, timeout=60, every=1, what="scrapes")
+        time.sleep(12)  # enough samples for deriv() and increase()
+        for expr in panel_queries():
+            assert query(prom, expr), f"Grafana panel query returned no data: {expr}"
+        for name, expr in alert_rules().items():
+            assert query(prom, expr), f"alert {name} returned no data: {expr}"
+    finally:
+        stop.set()
+        feeder.join(10)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+
+
+def _ready(prom: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{prom}/-/ready", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def client_sync_submit(r: redis.Redis, settings, task: Task) -> None:
+    """Submit one task with a blocking client (the feeder runs in a thread)."""
+    from farm import schema
+
+    r.sadd(settings.keys.agents(), task.agent_ref.name)
+    r.xadd(settings.keys.tasks(task.agent_ref.name), schema.entry(task))
