@@ -10,6 +10,7 @@ attempts. `farm dead ...` and the dashboard's dead-letter browser both use these
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any, Optional
 
 import msgspec
@@ -71,7 +72,13 @@ def list_dead(r: redis.Redis, keys: Keys, agent: str, count: int = 50, *, max_en
     return [_letter(i, f, max_entry_bytes, with_task=False) for i, f in entries]
 
 
+STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
 def show_dead(r: redis.Redis, keys: Keys, agent: str, letter_id: str, *, max_entry_bytes: int) -> Optional[dict]:
+    """One dead letter with its task, or None when there is none by that id (or it is no stream id)."""
+    if not STREAM_ID.match(letter_id):
+        return None
     entries: Any = r.xrange(keys.dead(agent), letter_id, letter_id)
     return _letter(entries[0][0], entries[0][1], max_entry_bytes, with_task=True) if entries else None
 

@@ -141,7 +141,10 @@ async def test_write_actions_need_the_token_and_the_form_of_this_dashboard(farm)
     for form, reason in refused:
         resp = web.post("/dead/flaky/requeue", data=form, follow_redirects=False)
         assert resp.status_code == 403 and reason in resp.text
-    assert web.get("/dead/flaky/requeue").status_code == 405, "write actions are POST only"
+    assert web.get("/dead/flaky/requeue").status_code == 404, "write actions are POST only"
+    detail = web.get(f"/dead/flaky/{letter}")
+    assert detail.status_code == 200 and "agent_error" in detail.text and "noop told to fail" in detail.text
+    assert "&#34;fail&#34;: &#34;always&#34;" in detail.text, "the task, as escaped JSON"
     assert r.xlen(settings.keys.dead("flaky")) == 4
     ok = web.post("/dead/flaky/requeue", data={"csrf": csrf, "token": "s3cret", "ids": letter}, follow_redirects=False)
     assert ok.status_code == 303 and r.xlen(settings.keys.dead("flaky")) == 3

@@ -11,6 +11,7 @@ this server only), so model output, tool results and reasons show as text, never
 from __future__ import annotations
 
 import hmac
+import json
 import secrets
 import time
 from pathlib import Path
@@ -125,11 +126,38 @@ def create_app(settings: Settings, r: Optional[redis.Redis] = None) -> FastAPI:
             raise HTTPException(404, f"no sampled rollout {entry_id} for {agent}")
         return page(request, "rollout.html", agent=agent, r=found)
 
+    add_dead_letters(app, settings, read, page)
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(registry(lambda: read(data.overview))), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    def health():
+        read(lambda r, k: r.ping())
+        return {"ok": True}
+
+    return app
+
+
+def add_dead_letters(app: FastAPI, settings: Settings, read, page) -> None:
+    """The dead-letter browser and its two write actions (token, CSRF cookie, POST only)."""
+    token = settings.dashboard_token
+
     @app.get("/dead/{agent}", response_class=HTMLResponse)
     def dead_page(request: Request, agent: str, done: str = ""):
         letters = read(deadletters.list_dead, agent, 100, max_entry_bytes=settings.max_entry_bytes)
         total = read(deadletters.count_dead, agent)
-        return page(request, "dead.html", agent=agent, letters=letters, total=total, done=done)
+        dropped = int(read(lambda r, k: r.hget(k.stats(agent), "dead_dropped")) or 0)
+        return page(request, "dead.html", agent=agent, letters=letters, total=total, dropped=dropped, done=done)
+
+    @app.get("/dead/{agent}/{letter_id}", response_class=HTMLResponse)
+    def letter_page(request: Request, agent: str, letter_id: str):
+        letter = read(deadletters.show_dead, agent, letter_id, max_entry_bytes=settings.max_entry_bytes)
+        if letter is None:
+            raise HTTPException(404, f"no dead letter {letter_id} for {agent}")
+        task = json.dumps(letter.get("task"), indent=2, default=str)
+        return page(request, "letter.html", agent=agent, x=letter, task=task)
 
     def authorise(request: Request, csrf: str, given: str) -> None:
         if token is None:
@@ -158,14 +186,3 @@ def create_app(settings: Settings, r: Optional[redis.Redis] = None) -> FastAPI:
         n = read(fn, agent, chosen)
         said = f"{'requeued' if action == 'requeue' else 'purged'} {n}"
         return RedirectResponse(f"/dead/{quote(agent)}?done={quote(said)}", status_code=303)
-
-    @app.get("/metrics")
-    def metrics():
-        return Response(generate_latest(registry(lambda: read(data.overview))), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/healthz")
-    def health():
-        read(lambda r, k: r.ping())
-        return {"ok": True}
-
-    return app

@@ -16,6 +16,7 @@ import msgspec
 import redis
 
 from farm import history, schema
+from farm.deadletters import STREAM_ID
 from farm.errors import SchemaError
 from farm.keys import GROUP, Keys
 
@@ -148,6 +149,8 @@ def _summary(entry_id: str, ro: schema.Rollout) -> dict[str, Any]:
 
 def rollout(r: redis.Redis, keys: Keys, agent: str, entry_id: str, *, max_entry_bytes: int) -> Optional[dict]:
     """One sampled rollout turn by turn: messages, tool calls and results, reward, tokens."""
+    if not STREAM_ID.match(entry_id):
+        return None
     found: Any = r.xrange(keys.samples(agent), entry_id, entry_id)
     if not found:
         return None
