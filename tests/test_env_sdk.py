@@ -297,3 +297,32 @@ def test_data_prepare_checks_rows_against_their_environment(tmp_path):
         run_prepare(path, row_type_of=of)
     assert "1 row invalid; nothing written" in str(info.value)
     assert "line 2: row does not fit CounterRow" in str(info.value) and "line 1" not in str(info.value)
+
+
+GENERATE_ALL = """
+import hashlib, json
+from envs.sdk import load_env
+for name in %r:
+    env = load_env(name, {"start_sandbox_worker": False} if name == "code_gen" else None)
+    print(name, hashlib.sha256(json.dumps(env.generate(30, seed=7), sort_keys=True).encode()).hexdigest())
+"""
+
+
+def test_every_generator_gives_the_same_rows_in_any_process():
+    """Same seed, same bytes, whatever the process's hash randomization (PYTHONHASHSEED)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    outputs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run(
+            [sys.executable, "-c", GENERATE_ALL % ENVS], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        outputs.append(dict(line.split() for line in out.stdout.splitlines()))
+    assert sorted(outputs[0]) == ENVS
+    assert outputs[0] == outputs[1], {k for k in ENVS if outputs[0][k] != outputs[1][k]}

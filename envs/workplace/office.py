@@ -328,7 +328,8 @@ def _seeded(seed: int) -> Office:
                 task=rng.choice(task_names), event=rng.choice(events)["event_name"], customer=rng.choice(customers)
             )
         )
-    for i, subject in enumerate(sorted(subjects, key=lambda s: rng.random())):
+    # sorted first: a set iterates in hash order, which changes from process to process
+    for i, subject in enumerate(sorted(sorted(subjects), key=lambda s: rng.random())):
         mid = office.new_id("emails")
         sent = datetime(2023, 11, 1, 8) + timedelta(minutes=rng.randrange(29 * 24 * 60))
         office.emails[mid] = {
