@@ -528,7 +528,11 @@ def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, 
         got = asyncio.run(batch())
         assert len(got) == 50 and all(r.ok for r in got.values())
         assert any(f"dashboard http://127.0.0.1:{port}/" in line for line in seen), seen
-        view = wait_for(lambda: _overview(port), timeout=30, what="the dashboard farm up started")
+        view = wait_for(  # the workers write their history counts within a second of settling
+            lambda: (v := _overview(port)) and v["agents"]["noop"]["rollouts"] == 50 and v,
+            timeout=30,
+            what="the dashboard farm up started to show the batch",
+        )
         assert view["agents"]["noop"]["done_per_min"] > 0 and view["agents"]["noop"]["live_workers"] == 2
         children = [p for p in _processes_of(namespace) if p != proc.pid]
         assert len(children) >= 3  # the pool supervisor and its two workers

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from farm import schema
+from farm.dashboard import data
 from farm.schema import Task
 
 from conftest import ROOT, farm_process, free_port, make_settings, need_binary, wait_for
@@ -84,6 +85,12 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
             timeout=60,
             what="the workers to settle",
         )
+
+        def counted() -> bool:  # the workers write their history counts within Settler.FLUSH_S
+            agents = data.overview(r, settings.keys)["agents"]
+            return agents["flaky"]["failure_rate"] == 1.0 and agents["noop"]["rollouts"] == 7
+
+        wait_for(counted, timeout=30, what="the history counts")
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1500, "height": 700})
