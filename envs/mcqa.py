@@ -7,16 +7,25 @@ Nemotron-RL-knowledge-mcqa) load unchanged: `options` (a list of one-key dicts,
 `generate(size, seed)` makes simple questions offline (arithmetic, capitals, primes, largest
 number, unit conversions) with 4 to 10 options and a mix of grading modes.
 
-Grading (the answer's letter must be one of the row's option letters):
-  template_metadata.output_regex  when present, first: case-insensitive, the last match wins; its
-                                  first group is a letter, or an option's text;
+Grading, as NeMo Gym's mcqa server grades (the answer's letter must be one of the row's option
+letters; an empty answer scores 0):
+  template_metadata.output_regex  when present, first: one pattern or a list tried in order,
+                                  case-insensitive, the last match wins; its group is a letter
+                                  (localized letters such as Arabic or full-width ones read as
+                                  A-D) or an option's text. An invalid pattern is skipped, and the
+                                  grading mode decides (`bad_output_regex` in the metrics);
   strict_single_letter_boxed      the last `\\boxed{...}` holds a letter: `\\boxed{B}`,
                                   `\\boxed{\\text{B}}`, `\\boxed{(B)}`, `\\boxed{B: Paris}`;
   lenient_boxed                   strict, else the boxed text contains exactly one option's text;
-  lenient_answer_colon            the last `Answer: X` line, X a letter or an option's exact text.
-Unlike NeMo Gym, which falls back to the grading mode, an invalid regex, an unknown grading
-mode or options that do not hold the expected letter are errors of the row: the verifier
-raises and the rollout is recorded as failed with the reason.
+  lenient_answer_colon            the FIRST `Answer: X`, X exactly a letter or an option's text
+                                  (`**Answer: C**` is not read: use the _md mode for markdown);
+  lenient_answer_colon_md         the LAST `Answer: X` (markdown `**Answer:**` and `__Answer__:`
+                                  too) that yields a letter: X's leading letter, else its last
+                                  standalone capital; a list of choices (`A/B`, `A or B`) is none.
+`MCQA(grading_mode=...)` sets the mode for every row, as NeMo Gym's server-level
+`grading_mode` does. Kept apart from NeMo Gym: an unknown grading mode, or options that do not
+hold the expected letter, is an error of the row (recorded as a failed rollout with the reason),
+not a silent 0.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from typing import Any, Optional
 
 from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
 
-MODES = ("strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon")
+MODES = ("strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon")  # the generated rows' modes
 LETTERS = "ABCDEFGHIJ"
 
 # --- verifier ---
@@ -37,6 +46,14 @@ _TEXT_WRAP = re.compile(r"\\text(?:bf)?\{\s*(.*?)\s*\}", re.S)
 _BARE_LETTER = re.compile(r"[^A-Za-z]*([A-Z])[^A-Za-z]*")
 _LABELLED_LETTER = re.compile(r"[^A-Za-z]*([A-Z])\s*[:).\-]")
 _ANSWER_COLON = re.compile(r"answer\s*:\s*(.+)", re.I)
+_ANSWER_COLON_MD = re.compile(r"[*_]{0,2}Answer[*_]{0,2}\s*:[*_\s]{0,2}(.+)", re.I | re.M)
+_STANDALONE = re.compile(r"(?<![A-Za-z])([A-Za-z])(?![A-Za-z])")
+_LEADING = re.compile(r"([a-zA-Z])(?![a-zA-Z0-9])")
+_LAST_CAPITAL = re.compile(r"\b[A-Z]\b(?!.*\b[A-Z]\b)", re.S)
+_LIST_SEPARATOR = re.compile(r"\s*[/|&,;]\s*|\s+(?:or|and)\s+|\s+", re.I)
+# Option letters as other scripts write them (Arabic, Bengali, full-width), read as A-D.
+LOCALIZED = {"أ": "A", "ب": "B", "ج": "C", "د": "D", "অ": "A", "ব": "B", "ড": "C", "ঢ": "D",
+             "Ａ": "A", "Ｂ": "B", "Ｃ": "C", "Ｄ": "D"}  # fmt: skip
 
 
 def options_map(options: Any) -> dict[str, str]:
@@ -101,31 +118,71 @@ def lenient_boxed(text: str, options: dict[str, str]) -> Optional[str]:
     return letter
 
 
+def localized(text: str) -> str:
+    """Option letters written in other scripts as A-D."""
+    return "".join(f" {LOCALIZED[c]}" if c in LOCALIZED else c for c in text).strip()
+
+
 def answer_colon(text: str, options: dict[str, str]) -> Optional[str]:
-    found = _ANSWER_COLON.findall(text)
-    if not found:
+    """The first `Answer: X`: X exactly one option letter, or exactly one option's text."""
+    m = _ANSWER_COLON.search(text)
+    if m is None:
         return None
-    candidate = _unwrap(found[-1].strip().strip("*_ ").rstrip("."))
-    m = re.fullmatch(r"\(?([A-Za-z])\)?", candidate) or _LABELLED_LETTER.match(candidate)
-    if m and m.group(1).upper() in options:
-        return m.group(1).upper()
-    return _by_text(candidate, options, contains=False)
+    candidate = _unwrap(m.group(1)).strip()
+    if len(candidate) == 1 and candidate.upper() in options:
+        return candidate.upper()
+    return next((k for k, v in options.items() if _norm(v) == _norm(candidate)), None)
 
 
-def custom_regex(text: str, patterns: Any, options: dict[str, str]) -> Optional[str]:
-    """`template_metadata.output_regex` (one pattern or a list, tried in order); the last match wins."""
+def _is_choice_list(text: str, options: dict[str, str]) -> bool:
+    """Two different option letters next to each other with only a separator between: `A/B`, `A or B`."""
+    found = [(m.group(1).upper(), m.span(1)) for m in _STANDALONE.finditer(text) if m.group(1).upper() in options]
+    return any(
+        a != b and _LIST_SEPARATOR.fullmatch(text[sa[1] : sb[0]]) is not None
+        for (a, sa), (b, sb) in zip(found, found[1:])
+    )
+
+
+def choice_letter(payload: str, options: dict[str, str]) -> Optional[str]:
+    """The one option letter an answer payload names: `B`, `B because ...`, `(D)`, `$D$`; None for a list."""
+    candidate = localized(payload).strip().strip("*_` \t\n\r.,;:")
+    if _is_choice_list(candidate, options):
+        return None
+    if len(candidate) == 1:
+        letter: Optional[str] = candidate
+    elif (m := _LEADING.match(candidate)) is not None:
+        letter = m.group(1)
+    else:
+        letter = m.group(0) if (m := _LAST_CAPITAL.search(candidate)) is not None else None
+    return letter.upper() if letter and letter.upper() in options else None
+
+
+def answer_colon_md(text: str, options: dict[str, str]) -> Optional[str]:
+    """The last markdown-aware `Answer: X` that names one option letter."""
+    for payload in reversed(_ANSWER_COLON_MD.findall(text)):
+        letter = choice_letter(payload, options)
+        if letter is not None:
+            return letter
+    return None
+
+
+def custom_regex(text: str, patterns: Any, options: dict[str, str], bad: Optional[list] = None) -> Optional[str]:
+    """`template_metadata.output_regex` (one pattern or a list, tried in order); the last match wins.
+    A pattern that does not compile is skipped (and added to `bad`)."""
     for pattern in [patterns] if isinstance(patterns, str) else list(patterns):
         try:
             matches = re.findall(pattern, text, re.I)
-        except re.error as exc:
-            raise ValueError(f"template_metadata.output_regex {pattern!r} is not a valid regex: {exc}") from None
+        except (re.error, TypeError):
+            if bad is not None:
+                bad.append(pattern)
+            continue
         if not matches:
             continue
         captured = matches[-1]
-        captured = (captured[0] if isinstance(captured, tuple) else captured).strip()
-        if len(captured) == 1 and captured.upper() in options:
-            return captured.upper()
-        letter = _by_text(captured, options, contains=False)
+        captured = localized((captured[0] if isinstance(captured, tuple) else captured).strip()).upper()
+        if len(captured) == 1 and captured.isalpha():
+            return captured
+        letter = next((k for k, v in options.items() if _norm(v) == _norm(captured)), None)
         if letter is not None:
             return letter
     return None
@@ -135,6 +192,7 @@ GRADERS = {
     "strict_single_letter_boxed": strict_boxed,
     "lenient_boxed": lenient_boxed,
     "lenient_answer_colon": answer_colon,
+    "lenient_answer_colon_md": answer_colon_md,
 }
 
 
@@ -151,16 +209,18 @@ class MCQARow(Row):
         if self.expected_answer.strip().upper() not in letters:
             raise ValueError(f"expected_answer {self.expected_answer!r} is not one of the options {sorted(letters)}")
         if self.grading_mode is not None and self.grading_mode not in GRADERS:
-            raise ValueError(f"unknown grading_mode {self.grading_mode!r}; known: {', '.join(MODES)}")
+            raise ValueError(f"unknown grading_mode {self.grading_mode!r}; known: {', '.join(GRADERS)}")
 
 
-def grade(text: str, row: MCQARow) -> tuple[Optional[str], str]:
-    """(the letter picked or None, how it was found); raises ValueError on a malformed output_regex."""
+def grade(text: str, row: MCQARow, mode: Optional[str] = None, bad: Optional[list] = None) -> tuple[Optional[str], str]:
+    """(the letter picked or None, how it was found); `mode` (the server's) overrides the row's."""
     options = options_map(row.options)
-    mode = row.grading_mode or MODES[0]
+    mode = mode or row.grading_mode or MODES[0]
+    if not text.strip():
+        return None, mode
     regex = (row.template_metadata or {}).get("output_regex")
     if regex:
-        letter = custom_regex(text, regex, options)
+        letter = custom_regex(text, regex, options, bad)
         if letter is not None:
             return letter, "output_regex"
     return GRADERS[mode](text, options), mode
@@ -172,19 +232,20 @@ class MCQA(Environment):
     row_type = MCQARow
 
     def __init__(self, grading_mode: Optional[str] = None):
-        """`grading_mode` fixes the mode of generated rows; by default they mix all modes and templates."""
+        """`grading_mode` grades every row in that mode (NeMo Gym's server-level setting) and fixes the
+        mode of generated rows; unset, each row's own mode grades it and generated rows mix them."""
         if grading_mode is not None and grading_mode not in GRADERS:
-            raise ValueError(f"unknown grading_mode {grading_mode!r}; known: {', '.join(MODES)}")
+            raise ValueError(f"unknown grading_mode {grading_mode!r}; known: {', '.join(GRADERS)}")
         self.grading_mode = grading_mode
 
     async def verify(self, row: MCQARow, state: Any, transcript: Transcript) -> Verdict:
-        letter, how = grade(transcript.final_text, row)
+        bad: list = []
+        letter, how = grade(transcript.final_text, row, self.grading_mode, bad)
         correct = letter is not None and letter == row.expected_answer.strip().upper()
-        return Verdict(
-            reward=float(correct),
-            components={"correct": float(correct)},
-            metrics={"extracted_answer": letter, "graded_by": how, "answered": letter is not None},
-        )
+        metrics = {"extracted_answer": letter, "graded_by": how, "answered": letter is not None}
+        if bad:
+            metrics["bad_output_regex"] = [str(p)[:200] for p in bad]
+        return Verdict(reward=float(correct), components={"correct": float(correct)}, metrics=metrics)
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         return generate(size, seed, self.grading_mode)

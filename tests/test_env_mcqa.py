@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from envs.mcqa import LETTERS, MCQA, MODES, generate
+from envs.mcqa import LETTERS, MCQA, MODES, generate, grade
 from envs.sdk import Transcript
 from farm.schema import Sampling
 
@@ -60,8 +60,13 @@ def test_generation_is_deterministic_by_seed():
         ("lenient_boxed", "\\boxed{lima}"),
         ("lenient_boxed", "\\boxed{\\text{The answer is Lima}}"),
         ("lenient_answer_colon", "Peru's capital is Lima.\nAnswer: B"),
-        ("lenient_answer_colon", "answer: **b**"),
-        ("lenient_answer_colon", "Answer: A\nWait, I was wrong.\nAnswer: Lima"),
+        ("lenient_answer_colon", "answer: b"),
+        ("lenient_answer_colon", "Answer: Lima\nWait, no.\nAnswer: A"),  # the first Answer: counts
+        ("lenient_answer_colon_md", "answer: **b**"),
+        ("lenient_answer_colon_md", "Answer: A\nWait, I was wrong.\n**Answer: B**"),  # the last one counts
+        ("lenient_answer_colon_md", "Answer: $B$"),
+        ("lenient_answer_colon_md", "Answer: (B) Lima"),
+        ("lenient_answer_colon_md", "Answer: B\nAnswer: A/C"),  # a list is no answer; the one before is
     ],
 )
 async def test_known_correct_answers_get_full_reward(mode, text):
@@ -82,7 +87,11 @@ async def test_known_correct_answers_get_full_reward(mode, text):
         ("lenient_answer_colon", "Answer: C"),
         ("lenient_answer_colon", "\\boxed{B}"),
         ("lenient_answer_colon", "Answer: I think it is Lima"),  # not exactly an option's text
+        ("lenient_answer_colon", "**Answer: B**"),  # markdown is the _md mode's
         ("lenient_answer_colon", ""),
+        ("lenient_answer_colon_md", "Answer: B or C"),
+        ("lenient_answer_colon_md", "Answer: unknown"),
+        ("lenient_answer_colon_md", "I think it might be B"),
     ],
 )
 async def test_known_wrong_answers_get_none(mode, text):
@@ -100,10 +109,29 @@ async def test_template_regex_comes_first_and_falls_back_to_the_mode():
     assert await reward(r, "Option: B") == 1.0
 
 
+async def test_an_invalid_template_regex_falls_back_to_the_mode_and_says_so():
+    v = await ENV.score(row(template_metadata={"output_regex": "Answer: ([A-Z"}), None, said("\\boxed{B}"))
+    assert v.reward == 1.0 and v.metrics["graded_by"] == "strict_single_letter_boxed"
+    assert v.metrics["bad_output_regex"] == ["Answer: ([A-Z"]
+
+
+async def test_localized_option_letters_through_the_template_regex():
+    r = row(template_metadata={"output_regex": r"الإجابة:\s*(\S+)"})
+    assert await reward(r, "الإجابة: ب") == 1.0
+    r = row(template_metadata={"output_regex": r"Answer:\s*(\S+)"})
+    assert await reward(r, "Answer: Ｂ") == 1.0
+
+
+async def test_the_server_level_grading_mode_overrides_the_rows():
+    server = MCQA(grading_mode="lenient_answer_colon_md")
+    v = await server.score(row("strict_single_letter_boxed"), None, said("**Answer: B**"))
+    assert v.reward == 1.0 and v.metrics["graded_by"] == "lenient_answer_colon_md"
+    assert (await ENV.score(row("strict_single_letter_boxed"), None, said("**Answer: B**"))).reward == 0.0
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"template_metadata": {"output_regex": "Answer: ([A-Z"}}, "not a valid regex"),
         ({"grading_mode": "telepathy"}, "unknown grading_mode"),
         ({"expected_answer": "F"}, "not one of the options"),
         ({"options": None}, "lacks `options`"),
@@ -146,3 +174,48 @@ def test_worker_runs_mcqa_against_real_vllm(settings, vllm, model_dir):
         assert r.metrics["graded_by"] in (*MODES, "output_regex")
         n = len(r.trace.completion())
         assert n > 0 and len(r.trace.completion_logprobs()) == n and r.worker_id.startswith("mcqa@")
+
+
+# NeMo Gym's mcqa server on the same answers: (grading mode, option letters, answer, the letter it
+# extracts), written from the expectations its own tests publish.
+NEMO_GYM_CASES = [
+    ("lenient_answer_colon_md", "ABCD", "The answer is B.\n\nAnswer: B", "B"),
+    ("lenient_answer_colon_md", "ABCD", "Reasoning here.\n\n**Answer: C**", "C"),
+    ("lenient_answer_colon_md", "ABCD", "__Answer__: A", "A"),
+    ("lenient_answer_colon_md", "ABCD", "Answer: B because C is not valid", "B"),
+    ("lenient_answer_colon_md", "ABCD", "Answer: B/B", "B"),
+    ("lenient_answer_colon_md", "ABCD", "Answer: $D$", "D"),
+    ("lenient_answer_colon_md", "ABCD", "Answer: (D)", "D"),
+    ("lenient_answer_colon_md", "ABCDEFGHIJ", "\\boxed{\\text{Answer: G}}", "G"),
+    ("lenient_answer_colon_md", "ABCD", "Answer: unknown", None),
+    ("lenient_answer_colon_md", "ABCD", "Answer: G", None),
+    ("lenient_answer_colon_md", "ABCD", "Answer: A/B/C", None),
+    ("lenient_answer_colon_md", "ABCDEFGHIJ", "Answer: B/I", None),
+    ("lenient_answer_colon_md", "ABCDEFGHIJ", "**Answer: D/H**", None),
+    ("lenient_answer_colon_md", "ABCD", "Answer: A or B", None),
+    ("lenient_answer_colon_md", "ABCD", "Answer: A and B", None),
+    ("lenient_answer_colon_md", "ABCD", "Answer: A, B", None),
+    ("lenient_answer_colon_md", "ABCD", "Answer: A\nAnswer: B", "B"),
+    ("lenient_answer_colon_md", "ABCD", "Answer: B\nAnswer: unknown", "B"),
+    ("lenient_answer_colon_md", "ABCD", "Answer: B\nAnswer: G", "B"),
+    ("lenient_answer_colon_md", "ABCD", "Answer: B\nAnswer: A/B/C", "B"),
+    ("lenient_answer_colon_md", "ABCD", "I think it might be B but I'm not sure", None),
+    ("lenient_answer_colon", "ABCD", "**Answer: C**", None),
+    ("strict_single_letter_boxed", "ABCDEFGHIJ", "\\boxed{\\text{E}}", "E"),
+    ("strict_single_letter_boxed", "ABCDEFGHIJ", "\\boxed{\\text{I: NGS can detect both coding regions.}}", "I"),
+    ("strict_single_letter_boxed", "ABCDEFGHIJ", "\\[ \\boxed{E: \\text{A polygenic risk score.}} \\]", "E"),
+    ("strict_single_letter_boxed", "ABCD", "\\boxed{B}", "B"),
+    ("strict_single_letter_boxed", "ABCD", "Final: \\boxed{ [C] }", "C"),
+    ("strict_single_letter_boxed", "ABCDEFGHIJ", "\\boxed{A polygenic risk score can provide a probability.}", None),
+    ("lenient_boxed", "ABCDEFGHIJ", "\\boxed{\\text{E}}", "E"),
+    ("strict_single_letter_boxed", "ABCD", "\\boxed{B", None),
+    ("strict_single_letter_boxed", "ABCDEFGHIJ", "Candidate is \\boxed{C}, but on reflection it is \\boxed{E}", "E"),
+    ("strict_single_letter_boxed", "ABCDEFGHIJ", "Thinking: \\boxed{\\text{some idea}}. Final answer: \\boxed{E}", "E"),
+]
+
+
+@pytest.mark.parametrize("mode, letters, text, expected", NEMO_GYM_CASES, ids=[c[2][:40] for c in NEMO_GYM_CASES])
+def test_extracts_the_letter_nemo_gym_extracts(mode, letters, text, expected):
+    options = [{k: f"option {k} text"} for k in letters]
+    r = ENV.check_row({"responses_create_params": {"input": "Q?"}, "options": options, "expected_answer": "A"})
+    assert grade(text, r, mode)[0] == expected
