@@ -1,4 +1,4 @@
-"""math: answers in `\\boxed{}` checked by math-verify, with an optional LLM judge as a second opinion.
+"""math: answers checked by math-verify (boxed preferred), with an optional LLM judge as a second opinion.
 
 Data: rows in the layout of NeMo Gym's `math_with_judge` (`question`, `expected_answer`), so its
 datasets load unchanged; `generate(size, seed)` makes small arithmetic and algebra problems
@@ -6,7 +6,9 @@ offline with exact answers (fraction sums, linear equations, powers, percentages
 quadratic roots), written as LaTeX (`\\frac{p}{q}`, integers).
 
 Verifier: the last `\\boxed{...}` of the answer is compared with the expected answer by
-math-verify (symbolic equality, so `0.75`, `3/4` and `\\frac{3}{4}` agree). SymPy can stall on
+math-verify (symbolic equality, so `0.75`, `3/4` and `\\frac{3}{4}` agree); an answer without a
+box is read as NeMo Gym reads it, by math-verify's expression and LaTeX extraction over the
+whole text (its final answer: `The answer is 81.`). SymPy can stall on
 hostile input, so the comparison runs in a CpuPool process that is killed past
 `library_timeout_s` (math-verify's own signal-based timeouts only work in a main thread, hence
 `parsing_timeout=None, timeout_seconds=None` there). When the library says no and a judge is
@@ -77,8 +79,10 @@ def strip_delimiters(answer: str) -> str:
     return s
 
 
-def compare(expected: str, boxed: Optional[str]) -> bool:
+def compare(expected: str, boxed: Optional[str], text: str = "") -> bool:
     """math-verify equality of `\\boxed{expected}` and `\\boxed{boxed}`; runs in a CpuPool process.
+    Without a box, the answer's text is read as NeMo Gym reads it: math-verify's expression and
+    LaTeX extraction over the whole text (its last final answer).
 
     Raises ValueError when the expected answer does not parse (math-verify then returns only its
     string fallback, no SymPy object): that is a broken row, not a wrong answer. math-verify is
@@ -89,7 +93,10 @@ def compare(expected: str, boxed: Optional[str]) -> bool:
     if not any(not isinstance(g, str) for g in gold):
         raise ValueError(f"expected answer {expected!r} does not parse with math-verify")
     if boxed is None:
-        return False
+        if not text.strip():
+            return False
+        pred = parse(text, [ExprExtractionConfig(), LatexExtractionConfig()], parsing_timeout=None)
+        return bool(pred) and verify(gold, pred, timeout_seconds=None)
     pred = parse(f"\\boxed{{{boxed}}}", [LatexExtractionConfig(), ExprExtractionConfig()], parsing_timeout=None)
     return bool(pred) and verify(gold, pred, timeout_seconds=None)
 
@@ -205,7 +212,8 @@ class Math(Environment):
     async def verify(self, row: MathRow, state: Any, transcript: Transcript) -> Verdict:
         expected = str(row.expected_answer)
         boxed = last_boxed(transcript.final_text)
-        library = await self.pool.run(self.compare, expected, boxed, timeout_s=self.library_timeout_s)
+        text = transcript.final_text if boxed is None else ""
+        library = await self.pool.run(self.compare, expected, boxed, text, timeout_s=self.library_timeout_s)
         components = {"library": float(library)}
         metrics: dict[str, Any] = {"has_boxed": boxed is not None, "extracted_answer": boxed}
         correct = library

@@ -87,11 +87,20 @@ async def test_known_correct_answers_get_full_reward(env, expected, answer):
 
 @pytest.mark.parametrize(
     "expected, answer",
+    [("81", "The answer is 81."), ("\\frac{1}{2}", "So x = 1/2"), ("12", "First 7, then finally $12$")],
+)
+async def test_a_plain_final_answer_counts_as_nemo_gym_reads_it(env, expected, answer):
+    v = await env.score(row(expected), None, said(answer))
+    assert v.reward == 1.0 and not v.metrics["has_boxed"]
+
+
+@pytest.mark.parametrize(
+    "expected, answer",
     [
         ("\\frac{3}{4}", "\\boxed{\\frac{4}{3}}"),
         ("5", "\\boxed{6}"),
         ("12", "\\boxed{12} at first, but finally \\boxed{13}"),
-        ("81", "The answer is 81."),  # right number, but not boxed
+        ("81", "\\boxed{80}, so the answer is 81."),  # a box is preferred to the text after it
         ("81", "\\boxed{eighty}"),
         ("7", ""),
     ],
@@ -113,7 +122,7 @@ async def test_broken_expected_answer_raises_not_scores_zero(env):
         await env.score({"responses_create_params": {"input": "q"}, "question": "q"}, None, said("\\boxed{5}"))
 
 
-def sleepy_compare(expected, boxed):
+def sleepy_compare(expected, boxed, text=""):
     """Stands for a SymPy call that never returns; module level, so the pool process can run it."""
     time.sleep(60)
 
