@@ -4,9 +4,8 @@ Data: "What is the weather in <city>?" rows, generated offline from a seed.
 Tool: get_weather(city) returns a deterministic forecast for any city name.
 Verifier: reward 1 when the model called get_weather for the asked city (case-insensitive),
 with components for calling the tool at all and for naming the right city. Rows of NeMo Gym's
-`example_single_tool_call` name no city; for them calling get_weather is enough. NeMo Gym's
-own example server scores every rollout 1.0, whatever it did; that is kept apart on purpose,
-since a constant reward teaches a policy nothing.
+`example_single_tool_call` name no city; for them calling get_weather is enough, which is how
+NeMo Gym's own example server scores every row (nemo-gym 0.7.0).
 """
 
 from __future__ import annotations

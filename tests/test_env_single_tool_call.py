@@ -108,10 +108,12 @@ def test_worker_runs_generated_and_nemo_gym_rows_against_real_vllm(settings, vll
 
 
 # NeMo Gym's recorded example rollouts (resources_servers/example_single_tool_call/data/
-# example_rollouts.jsonl), as data: the user's prompt, the get_weather calls made, NeMo Gym's reward.
+# example_rollouts.jsonl of nemo-gym 0.7.0), as data: the user's prompt, the get_weather calls made,
+# NeMo Gym's reward. Its server rewards a rollout that called get_weather (tests/
+# test_env_nemo_gym_server_real.py runs it); an earlier release recorded 1.0 for the two that did not.
 NEMO_GYM_ROLLOUTS = [
-    ("how's the outside?", [], 1.0),
-    ("get the weather for 3 cities in the us", [], 1.0),
+    ("how's the outside?", [], 0.0),
+    ("get the weather for 3 cities in the us", [], 0.0),
     ("humidity in sf", ["San Francisco"], 1.0),
     ("what's it like in sf?", ["San Francisco"], 1.0),
     ("going out in sf tn", ["San Francisco"], 1.0),
@@ -120,10 +122,8 @@ NEMO_GYM_ROLLOUTS = [
 
 @pytest.mark.parametrize("prompt,cities,nemo_gym_reward", NEMO_GYM_ROLLOUTS)
 async def test_nemo_gym_recorded_rollouts(prompt, cities, nemo_gym_reward):
-    """NeMo Gym's example server rewards every rollout 1.0. The farm rewards a rollout that looked
-    the weather up (rows without a city) and so agrees on the three that did; the two that answered
-    without calling the tool score 0 here, a difference kept on purpose (a reward that is always 1
-    carries no signal)."""
+    """The farm rewards a rollout that looked the weather up (these rows name no city), as NeMo Gym
+    does: the two that answered without calling the tool score 0 in both."""
     env = SingleToolCall()
     params = {**REFERENCE_ROW["responses_create_params"], "input": [{"role": "user", "content": prompt}]}
     row = as_row(env, {**REFERENCE_ROW, "responses_create_params": params})
@@ -131,4 +131,4 @@ async def test_nemo_gym_recorded_rollouts(prompt, cities, nemo_gym_reward):
     for city in cities:
         await get_weather(state, city)
     got = await env.verify(row, state, Transcript(final_text="", output=[], tool_calls=[]))
-    assert got.reward == (nemo_gym_reward if cities else 0.0)
+    assert got.reward == nemo_gym_reward
