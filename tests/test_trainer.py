@@ -381,19 +381,30 @@ def test_rollouts_record_a_weight_reload_announced_mid_generation(
         model.lm_head.weight.mul_(1.01)  # different weights, same shapes
     sync = VllmReload([server.url], tmp_path / "weights")
     rows = mcqa.generate(2, seed=4)
-    long = Sampling(max_tokens=600, temperature=1.0, seed=1)  # long enough to be in flight at the announcement
+
+    def delivered() -> int:  # tasks the worker pool has read
+        groups = sync_redis.xinfo_groups(keys.tasks("mcqa"))
+        return sum(g["entries-read"] or 0 for g in groups if g["name"] in (b"workers", "workers"))
 
     async def main():
         client = FarmClient(settings)
         try:
-            first = client.task(run_id="pv", agent="mcqa", row=rows[0], sampling=long, policy_version=0)
-            await client.submit([first])
-            results = asyncio.ensure_future(client.collect([first], timeout_s=240))
-            deadline = time.monotonic() + 120
-            while not sync_redis.xpending(keys.tasks("mcqa"), "workers")["pending"]:  # the worker has the task
-                assert time.monotonic() < deadline, "the worker never read the task"
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
+            # A rollout in flight at the announcement: up to 600 sampled tokens, about 10 s here. A
+            # sample that ends within half a second (an early end of sequence) is set aside and the
+            # next seed tried, so the check below is about the versions, not about one sample's length.
+            for attempt in range(4):
+                long = Sampling(max_tokens=600, temperature=1.0, seed=1 + attempt)
+                first = client.task(run_id="pv", agent="mcqa", row=rows[0], sampling=long, policy_version=0)
+                await client.submit([first])
+                results = asyncio.ensure_future(client.collect([first], timeout_s=240))
+                deadline = time.monotonic() + 120
+                while delivered() <= attempt:  # the worker has the task
+                    assert time.monotonic() < deadline, "the worker never read the task"
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)
+                if not results.done():
+                    break
+                await results
             in_flight = not results.done()
             announce_loading(sync_redis, keys, 1)
             await asyncio.to_thread(sync.sync, model, AutoTokenizer.from_pretrained(model_dir), 1)
