@@ -303,6 +303,36 @@ async def test_one_shared_client_opened_by_setup_and_closed_by_aclose(standin):
     await env.aclose()  # twice is harmless
 
 
+async def test_a_thousand_concurrent_rollouts_keep_their_sessions_apart_on_a_few_connections(standin):
+    """1,000 rollouts at once on one environment (one process's loops): each seeds, adds and verifies
+    in its own session over a pool of 16 connections; every reward is its own, no session is shared."""
+    import asyncio
+
+    env = NemoGymServer(standin.url, tools=NAMES, max_connections=16)
+    await env.setup()
+    add = {t.name: t for t in env.tools()}["increment_counter"]
+    n, before = 1000, len(standin.seen)
+
+    async def one(i: int):
+        typed = env.check_row(counter_row(i, i + 2 * (i % 3) + (i % 2)))  # odd i: expects one more than it adds
+        session = env.new_state(typed)
+        for _ in range(i % 3):
+            await asyncio.sleep(0.001 * (i % 7))  # the policy's turn: other rollouts' requests go between
+            await add(session, {"count": 2})
+        await asyncio.sleep(0.001 * (i % 5))
+        verdict = await env.verify(typed, session, transcript())
+        return sid_of(session), verdict.reward
+
+    try:
+        got = await asyncio.gather(*(one(i) for i in range(n)))
+        assert env._http.connector.limit == 16
+    finally:
+        await env.aclose()
+    assert len({sid for sid, _ in got}) == n
+    assert [reward for _, reward in got] == [float(i % 2 == 0) for i in range(n)]
+    assert len(standin.seen) - before == n * 2 + sum(i % 3 for i in range(n)), "one seed, the adds, one verify each"
+
+
 COUNTER_SCRIPT = [
     hermes("increment_counter", {"count": "one"}),
     hermes("increment_counter", {"count": 1}),
