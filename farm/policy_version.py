@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from farm.keys import Keys
+from farm.tasks import cancel_and_wait
 
 log = logging.getLogger("farm.policy_version")
 
@@ -76,8 +77,7 @@ class PolicyVersions:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
 
     def mark(self) -> Mark:

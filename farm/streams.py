@@ -24,6 +24,7 @@ from farm import history, schema
 from farm.history import Recording
 from farm.keys import GROUP, Keys
 from farm.scripts import SHAS, SOURCES
+from farm.tasks import cancel_and_wait
 from farm.transport import Outage, mapped
 
 log = logging.getLogger("farm.streams")
@@ -281,11 +282,7 @@ class Settler:
 
     async def close(self) -> None:
         if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait([self._task])
         if self._counts:  # the last counts, once, without waiting out an outage
             try:
                 await self._pipeline([], self._take_counts())

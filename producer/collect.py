@@ -39,6 +39,7 @@ from farm.client import FarmClient
 from farm.errors import ConfigError, FarmError, TransportError
 from farm.schema import AgentRef, ErrorKind, Rollout, Task
 from farm.settings import Settings
+from farm.tasks import cancel_and_wait
 from producer import metrics as metrics_mod
 from producer.output import (
     InputRow,
@@ -203,9 +204,7 @@ class Collector:
                 if stopper.done():
                     return
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
 
     async def watch_workers(self, every_s: float = 5.0) -> None:
         """Say when an agent with work outstanding has no live worker, and give up after no_workers_timeout_s."""

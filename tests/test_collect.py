@@ -239,6 +239,45 @@ def test_unknown_agent_is_reported_before_anything_is_enqueued(tmp_path, setting
     assert sync_redis.xlen(settings.keys.tasks("noop")) == 0
 
 
+def test_collect_ends_when_a_redis_read_absorbs_its_cancellation(tmp_path, redis_url, namespace, monkeypatch):
+    """Under CPU load redis-py's asyncio client can lose the cancellation of a read in flight and
+    read again; `farm collect` cancelled its result reader once and waited for it forever (it gave
+    up on an agent without workers and never exited). Here the reader absorbs the first one."""
+    import asyncio
+
+    from farm.client import ResultReader
+    from farm.errors import FarmError
+
+    absorbed = []
+
+    async def pull(self, block_ms: int) -> int:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            absorbed.append(True)  # lost, as in the client...
+        await asyncio.sleep(3600)  # ...which reads again
+        return 0
+
+    monkeypatch.setattr(ResultReader, "pull", pull)
+    settings = make_settings(redis_url, namespace, no_workers_timeout_s=1.0)
+    inp = write_rows(tmp_path / "rows.jsonl", [noop_row(i) for i in range(3)])
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_collect(settings, opts(tmp_path, inp))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "farm collect did not end: the reader's cancellation was lost and never repeated"
+    assert absorbed == [True]
+    assert len(outcome) == 1 and isinstance(outcome[0], FarmError), outcome
+    assert "no live worker for agent 'noop'" in str(outcome[0])
+
+
 def test_outstanding_tasks_never_exceed_concurrency(tmp_path, settings, sync_redis, worker):
     worker("--agent", "noop", "--concurrency", "16")
     worker("--agent", "noop", "--concurrency", "16")

@@ -42,6 +42,7 @@ import numpy as np
 from farm.client import FarmClient
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
+from farm.tasks import cancel_and_wait
 
 log = logging.getLogger("farm.trainer.async")
 
@@ -175,9 +176,7 @@ class FarmRolloutWorker:
                 for d in done:
                     d.result()
         finally:
-            for t in in_flight:
-                t.cancel()
-            await asyncio.gather(*in_flight, return_exceptions=True)
+            await cancel_and_wait(in_flight)
             await client.aclose()
 
     def _staleness(self, rollouts: list[Rollout]) -> int:

@@ -49,6 +49,7 @@ from farm.history import Recording
 from farm.policy_version import PolicyVersions
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
+from farm.tasks import cancel_and_wait
 from farm.transport import Outage
 from workers.chores import VERSION, Summary, dump_tasks, raise_open_files, serve_metrics
 from workers.context import Agent, AgentContext
@@ -268,9 +269,7 @@ class Worker:
             )
             force.cancel()
         left = list(self.inflight)
-        for t in self.inflight.values():
-            t.cancel()
-        await asyncio.gather(*self.inflight.values(), return_exceptions=True)
+        await cancel_and_wait(self.inflight.values())
         if left:
             idle_ms = int(self.settings.visibility_timeout_s * 1000) + 1
             try:
