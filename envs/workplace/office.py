@@ -154,6 +154,21 @@ class Office:
         del getattr(self, attr)[key]
         self.created.get(attr, set()).discard(key)
 
+    def create(self, attr: str, id_column: str, fields: dict, *, pad: bool = True) -> str:
+        """NeMo Gym's create tools: a record numbered by `new_id`, its id also in `id_column`; returns the id."""
+        key = self.new_id(attr, pad=pad)
+        self.add(attr, key, {id_column: key, **fields})
+        return key
+
+    def delete(self, attr: str, key: str, noun: str) -> str:
+        """NeMo Gym's delete tools: the record with this id removed, or their refusals naming the `noun`."""
+        if not key:
+            raise ToolError(f"{noun} ID not provided.")
+        if lookup(getattr(self, attr), key) is None:
+            raise ToolError(f"{noun} not found.")
+        self.remove(attr, key)
+        return f"{noun} deleted successfully."
+
 
 def name_of(address: str) -> str:
     """'aisha.chen@atlas.com' -> 'Aisha Chen' (NeMo Gym's directory has addresses only)."""

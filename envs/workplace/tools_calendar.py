@@ -100,29 +100,15 @@ def calendar_create_event(
     timestamp(event_start, BAD_START)
     minutes(duration)
     person = lowered(participant_email, "participant_email")
-    eid = office.new_id("events")
-    office.add(
-        "events",
-        eid,
-        {
-            "event_id": eid,
-            "event_name": event_name,
-            "participant_email": person,
-            "event_start": event_start,
-            "duration": duration,
-        },
-    )
-    return eid
+    fields = {"event_name": event_name, "participant_email": person, "event_start": event_start, "duration": duration}
+    return office.create("events", "event_id", fields)
 
 
 @TOOLS.tool("Deletes an event.", meta=WRITES, event_id="8-digit ID of the event")
 def calendar_delete_event(office: Office, event_id: str) -> str:
-    if not event_id:
-        raise ToolError("Event ID not provided.")
-    if lookup(office.events, _event_id(event_id)) is None:
-        raise ToolError("Event not found.")
-    office.remove("events", event_id)
-    return "Event deleted successfully."
+    if event_id:
+        _event_id(event_id)
+    return office.delete("events", event_id, "Event")
 
 
 @TOOLS.tool(

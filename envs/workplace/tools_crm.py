@@ -127,9 +127,7 @@ def customer_relationship_manager_add_customer(
         raise ToolError("Please provide all required fields: customer_name, assigned_to_email, status.")
     owner = lowered(assigned_to_email, "assigned_to_email")
     address = lowered(customer_email, "customer_email") if customer_email else customer_email
-    cid = office.new_id("customers")
     given = {
-        "customer_id": cid,
         "assigned_to_email": owner,
         "customer_name": customer_name,
         "customer_email": address,
@@ -140,15 +138,9 @@ def customer_relationship_manager_add_customer(
         "follow_up_by": follow_up_by,
         "notes": notes,
     }
-    office.add("customers", cid, {k: given[k] for k in CUSTOMER_FIELDS})
-    return cid
+    return office.create("customers", "customer_id", {k: given[k] for k in CUSTOMER_FIELDS if k in given})
 
 
 @TOOLS.tool("Deletes a customer record by ID.", meta=WRITES, customer_id="ID of the customer")
 def customer_relationship_manager_delete_customer(office: Office, customer_id: str) -> str:
-    if not customer_id:
-        raise ToolError("Customer ID not provided.")
-    if lookup(office.customers, customer_id) is None:
-        raise ToolError("Customer not found.")
-    office.remove("customers", customer_id)
-    return "Customer deleted successfully."
+    return office.delete("customers", customer_id, "Customer")

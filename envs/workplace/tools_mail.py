@@ -96,20 +96,8 @@ def _recipient(value: Any) -> str:
 
 
 def _send(office: Office, recipient: str, subject: Any, body: Any) -> str:
-    mid = office.new_id("emails", pad=False)
-    office.add(
-        "emails",
-        mid,
-        {
-            "email_id": mid,
-            "inbox/outbox": "outbox",
-            "sender/recipient": recipient,
-            "subject": subject,
-            "sent_datetime": NOW_TEXT,
-            "body": body,
-        },
-    )
-    return mid
+    fields = {"inbox/outbox": "outbox", "sender/recipient": recipient, "subject": subject}
+    return office.create("emails", "email_id", {**fields, "sent_datetime": NOW_TEXT, "body": body}, pad=False)
 
 
 @TOOLS.tool(
@@ -128,12 +116,7 @@ def email_send_email(office: Office, recipient: str, subject: str, body: str) ->
 
 @TOOLS.tool("Deletes an email by its ID.", meta=WRITES, email_id="Unique ID of the email to be deleted")
 def email_delete_email(office: Office, email_id: str) -> str:
-    if not email_id:
-        raise ToolError("Email ID not provided.")
-    if lookup(office.emails, email_id) is None:
-        raise ToolError("Email not found.")
-    office.remove("emails", email_id)
-    return "Email deleted successfully."
+    return office.delete("emails", email_id, "Email")
 
 
 @TOOLS.tool(

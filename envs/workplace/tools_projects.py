@@ -92,30 +92,13 @@ def project_management_create_task(
         raise ToolError(BAD_LIST)
     if board not in BOARDS:
         raise ToolError(BAD_BOARD)
-    tid = office.new_id("tasks")
-    office.add(
-        "tasks",
-        tid,
-        {
-            "task_id": tid,
-            "task_name": task_name,
-            "assigned_to_email": who,
-            "list_name": list_name,
-            "due_date": due_date,
-            "board": board,
-        },
-    )
-    return tid
+    fields = {"task_name": task_name, "assigned_to_email": who, "list_name": list_name, "due_date": due_date}
+    return office.create("tasks", "task_id", {**fields, "board": board})
 
 
 @TOOLS.tool("Deletes a task by ID.", meta=WRITES, task_id="8-digit ID of the task")
 def project_management_delete_task(office: Office, task_id: str) -> str:
-    if not task_id:
-        raise ToolError("Task ID not provided.")
-    if lookup(office.tasks, task_id) is None:
-        raise ToolError("Task not found.")
-    office.remove("tasks", task_id)
-    return "Task deleted successfully."
+    return office.delete("tasks", task_id, "Task")
 
 
 @TOOLS.tool(
