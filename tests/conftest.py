@@ -147,22 +147,23 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20.
 
 def run_through_worker(
     settings: Settings,
-    vllm,
+    policy,
     model_dir,
     agent: str,
     rows: list[dict],
     *,
-    sampling: Sampling | Callable[[int], Sampling],
+    sampling: Sampling | Callable[[int], Sampling] | None = None,
     timeout_s: float = 240.0,
     **env: str,
 ) -> list[Rollout]:
-    """Rows through Redis to a real `farm worker --agent <agent>` process and the real vLLM.
+    """Rows through Redis to a real `farm worker --agent <agent>` process and a policy server.
 
-    The environment's smoke test: one worker (4 concurrent rollouts) pointed at the shared
-    vLLM, every row submitted as a task of one group, the rollouts returned in row order once
-    all are in; the worker must then drain and exit 0. `sampling` is the tasks' sampling, or a
-    function of the row's index (to seed each row); `env` adds to the worker's environment
-    (FARM_CONFIG, for one).
+    The environment's smoke test: one worker (4 concurrent rollouts) pointed at `policy` (the
+    shared vLLM, or a bench/policy_stub.py StubProcess: anything with a `url`, served as its
+    `served_model_name` or "stub"), every row submitted as a task of one group, the rollouts
+    returned in row order once all are in; the worker must then drain and exit 0. `sampling` is
+    the tasks' sampling, or a function of the row's index (to seed each row), or None for the
+    default; `env` adds to the worker's environment (FARM_CONFIG, for one).
     """
     from farm.client import FarmClient
 
@@ -172,8 +173,8 @@ def run_through_worker(
         agent,
         "--concurrency",
         "4",
-        FARM_POLICY_URLS=vllm.url,
-        FARM_POLICY_MODEL=vllm.served_model_name,
+        FARM_POLICY_URLS=policy.url,
+        FARM_POLICY_MODEL=getattr(policy, "served_model_name", "stub"),
         FARM_POLICY_TOKENIZER=str(model_dir),
         **env,
     )

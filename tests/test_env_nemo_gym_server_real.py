@@ -10,7 +10,6 @@ the stand-in (tests/test_env_nemo_gym_server.py): a real server does not misbeha
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from envs.nemo_gym_server import NemoGymServer
 from envs.sdk import ErrorKind, ToolArgumentError
 from farm.schema import Status
 
-from conftest import ROOT, hermes, spawn_worker, stop
+from conftest import ROOT, hermes, run_through_worker, stop
 
 BUILD_TIMEOUT_S = 1500
 REAL = pytest.mark.timeout(BUILD_TIMEOUT_S + 300)  # the first real test may build .venv-nemo-gym
@@ -205,7 +204,6 @@ def test_end_to_end_through_a_worker_process(server, request, settings, tokenize
     """NeMo Gym rows through Redis and a real `farm worker` whose agent is configured with the server's
     URL; the policy is bench/policy_stub.py emitting the scripted calls; the reward is the server's."""
     from bench.policy_stub import Script, StubProcess
-    from farm.client import FarmClient
 
     standin = StandIn().start() if server == "standin" else None
     url = standin.url if standin else request.getfixturevalue("real_counter").url
@@ -217,33 +215,19 @@ def test_end_to_end_through_a_worker_process(server, request, settings, tokenize
     script = [hermes("increment_counter", {"count": 1}), hermes("increment_counter", {"count": 2}), "It is 6."]
     replies = [tokenizer.encode(t) + [tokenizer.eos_id] for t in script]
     stub = StubProcess(Script(token_replies=replies, max_model_len=4096), latency_s=0.0, workdir=tmp_path).start()
-    worker = spawn_worker(
-        settings,
-        "--agent",
-        "counter",
-        FARM_CONFIG=str(config),
-        FARM_POLICY_URLS=stub.url,
-        FARM_POLICY_MODEL="stub",
-        FARM_POLICY_TOKENIZER=str(model_dir),
-    )
     rows = [counter_row(3, 6), counter_row(4, 6), counter_row(3, 6, standin_verify="http_500")]
     try:
-
-        async def run() -> list:
-            client = FarmClient(settings)
-            tasks = [client.task(run_id="ng", agent="counter", row=r) for r in rows]
-            got = await client.run_batch(tasks, timeout_s=120)
-            await client.aclose()
-            return [got[t.task_id] for t in tasks]
-
-        right, wrong, broken = asyncio.run(run())
+        right, wrong, broken = run_through_worker(
+            settings, stub, model_dir, "counter", rows, timeout_s=120, FARM_CONFIG=str(config)
+        )
     finally:
-        out = stop(worker, timeout=60)
         stub.stop()
         if standin:
             standin.stop()
-    assert worker.returncode == 0, out
-    assert (right.status, right.reward, wrong.status, wrong.reward) == (Status.ok, 1.0, Status.ok, 0.0), out[-3000:]
+    assert (right.status, right.reward, wrong.status, wrong.reward) == (Status.ok, 1.0, Status.ok, 0.0), (
+        right.error,
+        wrong.error,
+    )
     assert right.metrics["tool_calls"] == 2 and right.metrics["tool_errors"] == 0
     if server == "standin":  # only the stand-in answers HTTP 500 on request
         assert broken.status is Status.failed and broken.error.kind is ErrorKind.verifier

@@ -291,9 +291,8 @@ def test_a_recorded_rollout_through_a_worker_earns_nemo_gyms_reward(prompt, sett
     configured with NeMo Gym's tables; the policy is bench/policy_stub.py emitting the recorded
     calls (a fake: no model makes a given call sequence on demand), one per turn, then an answer."""
     from bench.policy_stub import Script, StubProcess
-    from farm.client import FarmClient
 
-    from conftest import hermes, spawn_worker, stop
+    from conftest import hermes, run_through_worker
 
     rollout = next(r for r in jsonl("example_rollouts.jsonl") if _prompt(r) == prompt)
     row = nemo_row(rollout, rollout_truth(prompt))
@@ -303,30 +302,13 @@ def test_a_recorded_rollout_through_a_worker_earns_nemo_gyms_reward(prompt, sett
     agent = "agents:\n  workplace_assistant:\n    env: workplace_assistant\n"
     config.write_text(f"{agent}    env_options: {{tables: '{tables_dir()}'}}\n")
     stub = StubProcess(script, latency_s=0.0, workdir=tmp_path).start()
-    worker = spawn_worker(
-        settings,
-        "--agent",
-        "workplace_assistant",
-        FARM_CONFIG=str(config),
-        FARM_POLICY_URLS=stub.url,
-        FARM_POLICY_MODEL="stub",
-        FARM_POLICY_TOKENIZER=str(model_dir),
-    )
     try:
-
-        async def one() -> object:
-            client = FarmClient(settings)
-            task = client.task(run_id="nemo-gym", agent="workplace_assistant", row=row)
-            got = await client.run_batch([task], timeout_s=120)
-            await client.aclose()
-            return got[task.task_id]
-
-        result = asyncio.run(one())
+        [result] = run_through_worker(
+            settings, stub, model_dir, "workplace_assistant", [row], timeout_s=120, FARM_CONFIG=str(config)
+        )
     finally:
-        out = stop(worker, timeout=60)
         stub.stop()
-    assert worker.returncode == 0, out
-    assert result.status.value == "ok", (result.error, out[-3000:])
+    assert result.status.value == "ok", result.error
     assert result.reward == rollout["reward"], result.metrics
     assert result.metrics["tool_calls"] == len(turns) - 1 and result.metrics["tool_errors"] == 0
     outputs = [o["output"] for o in result.output if o["type"] == "function_call_output"]
