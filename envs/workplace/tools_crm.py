@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from envs.workplace.checks import contains, lowered, paginate, pattern, text
-from envs.workplace.office import CUSTOMER_FIELDS, PRODUCTS, STATUSES, Office, ToolError, lookup
+from envs.workplace.office import PRODUCTS, STATUSES, Office, ToolError, lookup
 from envs.workplace.toolset import DATE, TOOLS, WRITES
 
 UPDATABLE = ["customer_name", "assigned_to_email", "customer_email", "customer_phone", "last_contact_date"]
@@ -138,7 +138,7 @@ def customer_relationship_manager_add_customer(
         "follow_up_by": follow_up_by,
         "notes": notes,
     }
-    return office.create("customers", "customer_id", {k: given[k] for k in CUSTOMER_FIELDS if k in given})
+    return office.create("customers", "customer_id", given)
 
 
 @TOOLS.tool("Deletes a customer record by ID.", meta=WRITES, customer_id="ID of the customer")

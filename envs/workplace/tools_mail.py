@@ -96,8 +96,14 @@ def _recipient(value: Any) -> str:
 
 
 def _send(office: Office, recipient: str, subject: Any, body: Any) -> str:
-    fields = {"inbox/outbox": "outbox", "sender/recipient": recipient, "subject": subject}
-    return office.create("emails", "email_id", {**fields, "sent_datetime": NOW_TEXT, "body": body}, pad=False)
+    fields = {
+        "inbox/outbox": "outbox",
+        "sender/recipient": recipient,
+        "subject": subject,
+        "sent_datetime": NOW_TEXT,
+        "body": body,
+    }
+    return office.create("emails", "email_id", fields, pad=False)
 
 
 @TOOLS.tool(

@@ -92,8 +92,14 @@ def project_management_create_task(
         raise ToolError(BAD_LIST)
     if board not in BOARDS:
         raise ToolError(BAD_BOARD)
-    fields = {"task_name": task_name, "assigned_to_email": who, "list_name": list_name, "due_date": due_date}
-    return office.create("tasks", "task_id", {**fields, "board": board})
+    fields = {
+        "task_name": task_name,
+        "assigned_to_email": who,
+        "list_name": list_name,
+        "due_date": due_date,
+        "board": board,
+    }
+    return office.create("tasks", "task_id", fields)
 
 
 @TOOLS.tool("Deletes a task by ID.", meta=WRITES, task_id="8-digit ID of the task")
