@@ -373,6 +373,7 @@ class StubProcess:
         **faults: Any,
     ):
         self.port = port or free_port()
+        self.served_model_name = script.model  # the name its /v1/models lists, as vLLM's served name
         self.workdir = Path(workdir or os.environ.get("TMPDIR", "/tmp"))
         self.script_path = self.workdir / f"policy-stub-{self.port}.json"
         self.script_path.write_bytes(_json.encode(script))

@@ -159,8 +159,8 @@ def run_through_worker(
     """Rows through Redis to a real `farm worker --agent <agent>` process and a policy server.
 
     The environment's smoke test: one worker (4 concurrent rollouts) pointed at `policy` (the
-    shared vLLM, or a bench/policy_stub.py StubProcess: anything with a `url`, served as its
-    `served_model_name` or "stub"), every row submitted as a task of one group, the rollouts
+    shared vLLM, or a bench/policy_stub.py StubProcess: anything with a `url` and a
+    `served_model_name`), every row submitted as a task of one group, the rollouts
     returned in row order once all are in; the worker must then drain and exit 0. `sampling` is
     the tasks' sampling, or a function of the row's index (to seed each row), or None for the
     default; `env` adds to the worker's environment (FARM_CONFIG, for one).
@@ -174,7 +174,7 @@ def run_through_worker(
         "--concurrency",
         "4",
         FARM_POLICY_URLS=policy.url,
-        FARM_POLICY_MODEL=getattr(policy, "served_model_name", "stub"),
+        FARM_POLICY_MODEL=policy.served_model_name,
         FARM_POLICY_TOKENIZER=str(model_dir),
         **env,
     )
