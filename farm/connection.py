@@ -49,3 +49,24 @@ def connect(settings: Settings) -> aioredis.Redis:
 def connect_sync(settings: Settings) -> redis.Redis:
     """A blocking client for the CLI (status, admin)."""
     return redis.Redis.from_url(_url(settings), **_options(settings))
+
+
+def answers(settings: Settings, timeout_s: float = 1.0) -> bool:
+    """Whether Redis answers a PING now (one try, short timeouts): a supervisor's outage probe.
+
+    With no redis_url, the embedded Redis on 127.0.0.1:embedded_port. A refusal (wrong password,
+    denied command) is an answer: Redis is there, and the caller's own clients will say what is wrong.
+    """
+    url = settings.redis_url or f"redis://127.0.0.1:{settings.embedded_port}/0"
+    options = {**_options(settings.replace(redis_url=url)), "socket_timeout": timeout_s}
+    options["socket_connect_timeout"] = timeout_s
+    client = redis.Redis.from_url(url, **options)
+    try:
+        client.ping()
+        return True
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        return isinstance(exc, redis.AuthenticationError)
+    except redis.RedisError:
+        return True
+    finally:
+        client.close()

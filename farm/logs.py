@@ -19,6 +19,7 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 6),
             "level": record.levelname,
             "logger": record.name,
+            "pid": record.process,
             "msg": record.getMessage(),
         }
         out.update({k: v for k, v in record.__dict__.items() if k not in _STD})

@@ -11,6 +11,10 @@ not a lookup per rollout. Each rollout takes a `mark()` when its generation star
 was announced in between (or was running at either end), so a rollout whose tokens may come
 from two sets of weights says so. With no trainer announcing anything both are None and the
 rollout keeps the version its task carried.
+
+The watch has no retry loop of its own: subscribing and reading go through the process's
+`Outage` (farm.transport), so while Redis is away the process retries once, warns at most once
+a second whatever the subsystem, and gives up on one clock.
 """
 
 from __future__ import annotations
@@ -20,8 +24,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from redis import exceptions as rx
+
+from farm.errors import RedisUnavailable, TransportError
 from farm.keys import Keys
 from farm.tasks import cancel_and_wait
+from farm.transport import Outage
 
 log = logging.getLogger("farm.policy_version")
 
@@ -60,8 +68,8 @@ def _int(raw: Any) -> Optional[int]:
 class PolicyVersions:
     """The live version and any version being loaded, kept current from the events channel."""
 
-    def __init__(self, redis: Any, keys: Keys, retry_s: float = 1.0):
-        self.r, self.keys, self.retry_s = redis, keys, retry_s
+    def __init__(self, redis: Any, keys: Keys, outage: Outage):
+        self.r, self.keys, self.outage = redis, keys, outage
         self.live: Optional[int] = None
         self.loading: Optional[int] = None
         self.events = 0  # bumped on every announcement (and on every resubscription: unknown gap)
@@ -89,23 +97,35 @@ class PolicyVersions:
             return start.live, None
         return start.live, self.loading if self.loading is not None else self.live
 
+    async def _subscribe(self) -> Any:
+        """A subscription, then the state it starts from (subscribed first: no event falls between)."""
+        pubsub = self.r.pubsub()
+        try:
+            await pubsub.subscribe(self.keys.policy_events())
+            live, loading = await self.r.mget(self.keys.policy_version(), self.keys.policy_next())
+        except BaseException:
+            await asyncio.shield(pubsub.aclose())
+            raise
+        self.live, self.loading = _int(live), _int(loading)
+        self.events += 1  # a new subscription: whatever happened in the gap counts as a change
+        self._ready.set()
+        return pubsub
+
     async def _watch(self) -> None:
         while True:
-            pubsub = self.r.pubsub()
             try:
-                await pubsub.subscribe(self.keys.policy_events())  # before the reads: no event falls between
-                live, loading = await self.r.mget(self.keys.policy_version(), self.keys.policy_next())
-                self.live, self.loading = _int(live), _int(loading)
-                self.events += 1
-                self._ready.set()
+                pubsub = await self.outage.call(self._subscribe, "watching policy versions")
+            except RedisUnavailable:
+                return  # the process gives up on the same clock; nothing more to say here
+            except TransportError as exc:
+                log.error("policy version watch stopped: %s", exc)
+                return
+            try:
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         self._apply(message.get("data"))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis away: say so, resubscribe, re-read (the gap counts as a change)
-                log.warning("policy version watch interrupted (%s); retrying in %.0fs", exc, self.retry_s)
-                await asyncio.sleep(self.retry_s)
+            except (rx.RedisError, OSError) as exc:  # the subscription dropped: resubscribe via the Outage
+                log.info("policy version subscription lost (%s); resubscribing", type(exc).__name__)
             finally:
                 await asyncio.shield(pubsub.aclose())
 

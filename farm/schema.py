@@ -359,11 +359,42 @@ def salvage(fields: dict) -> dict[str, Any]:
     return {k: v for k, v in out.items() if isinstance(v, (str, int)) or (k == "agent_ref" and isinstance(v, dict))}
 
 
-def salvaged_failure(info: dict[str, Any], kind: str, message: str, **fields: Any) -> Optional[Rollout]:
-    """A `failed` rollout for the task `info` (from salvage()) names, or None when it does not name one."""
-    ref = info.get("agent_ref")
-    if not isinstance(ref, dict):
+def salvaged_failure(
+    info: dict[str, Any], kind: str, message: str, agent: str = "", **fields: Any
+) -> Optional[Rollout]:
+    """A `failed` rollout for the task `info` (from salvage()) names, or None when it names none.
+
+    Only `task_id` is required: a mistyped optional field (a `sample_index` of "zero", an
+    `agent_ref` that is not a table) must never stop the failure from reaching the waiter, so
+    each field is read on its own and falls back to a neutral value (the agent to `agent`, the
+    stream the entry came from).
+    """
+    task_id = info.get("task_id")
+    if not isinstance(task_id, str) or not task_id:
         return None
+    ref = info.get("agent_ref")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    kind_of = ref.get("type") if isinstance(ref, dict) else None
+    index = info.get("sample_index")
+
+    def text(key: str) -> str:
+        value = info.get(key)
+        return value if isinstance(value, str) else ""
+
+    return Rollout(
+        task_id=task_id,
+        run_id=text("run_id"),
+        group_id=text("group_id"),
+        sample_index=index if isinstance(index, int) and not isinstance(index, bool) else 0,
+        agent_ref=AgentRef(
+            name=name if isinstance(name, str) and name else agent,
+            type=kind_of if isinstance(kind_of, str) and kind_of else "responses_api_agents",
+        ),
+        status=Status.failed,
+        error=RolloutError(kind=ErrorKind(kind), message=message),
+        finished_at=time.time(),
+        **fields,
+    )
     try:
         return Rollout(
             task_id=str(info["task_id"]),

@@ -15,6 +15,7 @@ from envs.single_tool_call import SingleToolCall, generate
 from farm.connection import connect
 from farm.policy_version import PolicyVersions, announce_live, announce_loading
 from farm.schema import Task
+from farm.transport import Outage
 from workers.context import AgentContext
 from workers.loop import PolicyAgent
 
@@ -45,7 +46,7 @@ async def until(predicate, timeout_s: float = 5.0) -> None:
 @pytest.fixture
 async def versions(settings):
     r = connect(settings)
-    watch = PolicyVersions(r, settings.keys)
+    watch = PolicyVersions(r, settings.keys, Outage.for_settings(settings))
     await watch.start()
     yield watch
     await watch.aclose()
@@ -108,7 +109,7 @@ async def test_a_watcher_started_mid_sync_reads_the_state_from_redis(settings, s
     announce_live(sync_redis, settings.keys, 7)
     announce_loading(sync_redis, settings.keys, 8)
     r = connect(settings)
-    watch = PolicyVersions(r, settings.keys)
+    watch = PolicyVersions(r, settings.keys, Outage.for_settings(settings))
     try:
         await watch.start()
         assert (watch.live, watch.loading) == (7, 8)
@@ -126,7 +127,7 @@ async def test_the_watcher_resubscribes_after_its_connection_is_killed(settings,
 
     name = f"pv-{settings.namespace}"[:60]
     r = redis.asyncio.Redis.from_url(settings.redis_url, client_name=name)  # names every connection it opens
-    watch = PolicyVersions(r, settings.keys, retry_s=0.1)
+    watch = PolicyVersions(r, settings.keys, Outage.for_settings(settings))
     try:
         await watch.start()
         mark = watch.mark()

@@ -162,7 +162,7 @@ class Outcomes:
         info = schema.salvage(fields)
         if not self.settings.keys.is_result_stream(info.get("reply_to")):
             return None
-        rollout = schema.salvaged_failure(info, exc.kind, str(exc), worker_id=self.worker_id)
+        rollout = schema.salvaged_failure(info, exc.kind, str(exc), self.stream.agent, worker_id=self.worker_id)
         return None if rollout is None else (info["reply_to"], rollout)
 
     def _stamp(self, rollout: Rollout, task: Task, attempt: int, picked: float) -> Rollout:

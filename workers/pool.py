@@ -6,8 +6,11 @@ SIGTERM/SIGINT and exits with the worst child status.
 
 Restarts follow the child's exit code (farm.errors): a configuration error, refused
 credentials or an unknown agent would fail the same way again, so that child is not
-restarted and the pool stops with its code. A crash (or Redis gone past redis_down_max_s) is
-restarted after a jittered backoff that doubles with each quick failure, at most
+restarted and the pool stops with its code. A child that exits 3 has already waited out the
+outage for redis_down_max_s: restarting it would start a fresh clock, so a pool would outlive
+the bound several times over. The pool asks Redis once (`redis_ok`): when it answers again the
+child is restarted like a crash, otherwise the whole pool stops with 3, within the bound plus
+the probe. A crash is restarted after a jittered backoff that doubles with each quick failure, at most
 `max_restarts` times within any `window_s` seconds: a child that crashes now and then runs
 for ever, one that crash-loops stops the pool with a message that says so.
 """
@@ -20,9 +23,9 @@ import signal
 import subprocess
 import time
 from collections import deque
-from typing import Optional
+from typing import Callable, Optional
 
-from farm.errors import NOT_RESTARTABLE
+from farm.errors import EXIT_TRANSPORT, NOT_RESTARTABLE
 from farm.transport import backoff_delay
 
 log = logging.getLogger("farm.pool")
@@ -62,6 +65,7 @@ def run_pool(
     window_s: float = 60.0,
     base_s: float = 0.5,
     env: Optional[dict[str, str]] = None,
+    redis_ok: Optional[Callable[[], bool]] = None,
 ) -> int:
     children: dict[int, Optional[subprocess.Popen]] = {
         i: subprocess.Popen(cmd, env=_slot_env(env, i)) for i in range(processes)
@@ -111,6 +115,10 @@ def run_pool(
                     f"worker pid {c.pid} exited with {code} (a configuration problem; "
                     "restarting would fail the same way)"
                 )
+                continue
+            if code == EXIT_TRANSPORT and not (redis_ok is not None and redis_ok()):
+                codes.append(code)
+                stop_all(f"worker pid {c.pid} exited with {code}: Redis unavailable past redis_down_max_s")
                 continue
             delay = window.allow(now)
             if delay is None:

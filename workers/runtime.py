@@ -143,7 +143,7 @@ class Worker:
             Recording.from_settings(self.settings),
         )
         await self.stream.setup()
-        self.ctx.versions = PolicyVersions(self.r, self.settings.keys)
+        self.ctx.versions = PolicyVersions(self.r, self.settings.keys, self.outage)
         await self.ctx.versions.start()
         self.outcomes = Outcomes(self.settings, self.stream, self.agent, self.ctx, self.counters)
         self.settler = Settler(self.r, self.outage)
@@ -205,7 +205,12 @@ class Worker:
         except asyncio.TimeoutError:
             log.warning("%s took over %.0fs; going on", what, timeout_s)
         except TransportError as exc:
-            log.warning("%s failed: %s", what, exc)
+            log.log(self._after_fatal(), "%s failed: %s", what, exc)
+
+    def _after_fatal(self) -> int:
+        """The level for a shutdown step that failed on Redis: stopping because Redis is gone, the
+        error line said so once, and each step need not warn again (one warning a second per process)."""
+        return logging.INFO if self._fatal is not None else logging.WARNING
 
     async def _fetch_loop(self) -> None:
         s = self.settings
@@ -276,8 +281,11 @@ class Worker:
                 n = await asyncio.wait_for(self.stream.release(left, idle_ms), 5.0)
                 log.warning("handed %d unfinished tasks back to the group", n)
             except (TransportError, asyncio.TimeoutError) as exc:
-                log.warning(
-                    "could not hand back %d tasks (%s); they are reclaimed after the visibility timeout", len(left), exc
+                log.log(
+                    self._after_fatal(),
+                    "could not hand back %d tasks (%s); they are reclaimed after the visibility timeout",
+                    len(left),
+                    exc,
                 )
 
     async def _wait_force(self) -> None:

@@ -72,6 +72,7 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
     """Run a worker pool for one agent."""
     s = g.settings(concurrency=concurrency, health_port=health_port)
     if processes > 1:
+        from farm.connection import answers
         from workers.pool import run_pool
 
         child = [sys.executable, "-m", "farm"] + (["--config", g.config] if g.config else [])
@@ -85,7 +86,14 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
         # The global options reach the children as FARM_* variables: a Redis URL may hold a password,
         # which must not sit on a command line.
         env = dict(os.environ, **{f"FARM_{name.upper()}": str(value) for name, value in g.overrides.items()})
-        return run_pool(child, processes, max_restarts=s.restart_max, window_s=s.restart_window_s, env=env)
+        return run_pool(
+            child,
+            processes,
+            max_restarts=s.restart_max,
+            window_s=s.restart_window_s,
+            env=env,
+            redis_ok=lambda: answers(s),
+        )
 
     import asyncio
 
