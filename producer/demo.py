@@ -26,6 +26,7 @@ from farm.client import FarmClient
 from farm.embedded import ensure_redis
 from farm.schema import Task
 from farm.settings import Settings
+from producer.progress import per_second
 from workers.up import worker_command
 
 
@@ -77,7 +78,7 @@ async def _run_batch(
 
         def progress(done: int, total: int, _r) -> None:
             if done % 50 == 0 or done == total or total <= 200:
-                bar.update(bar_id, completed=done, rate=f"{done / (time.perf_counter() - start):,.0f}/s")
+                bar.update(bar_id, completed=done, rate=per_second(done, time.perf_counter() - start))
 
         await client.submit(tasks)
         rollouts = await client.collect(tasks, timeout_s=timeout_s, on_progress=progress)

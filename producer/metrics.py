@@ -167,13 +167,16 @@ def render(metrics: dict[str, dict[str, Any]], title: str = "farm collect") -> N
     from farm.status import agent_table
 
     console = Console(width=min(80, Console().width))
-    t = agent_table(title, ("rows", "rollouts", "failed", "reward", "pass@k", "maj@k", "p50 s", "tok/s"), 18)
+    # 80 columns: the row count is in the metrics file (and rollouts / k); truncations are shown,
+    # since a truncated rollout carries a reward that the model did not finish earning.
+    columns = ("rollouts", "trunc", "failed", "reward", "pass@k", "maj@k", "p50 s", "tok/s")
+    t = agent_table(title, columns, 16)
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     for agent, m in metrics.items():
         t.add_row(
             agent,
-            f"{m['rows']:,}",
             f"{m['count']:,}",
+            f"{m['truncated']:,}",
             f"{sum(m['failures'].values()):,}",
             f(m["mean_reward"], ".3f"),
             f"{f(m['pass_at_k'], '.2f')}@{m['k']}",

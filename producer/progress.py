@@ -17,9 +17,16 @@ class Live:
     rewarded: int = 0
 
 
+def per_second(n: float, elapsed: float) -> str:
+    """A rate for people: one decimal below 10/s (an LLM run's 0.8/s is not "0/s"), none above."""
+    rate = n / max(elapsed, 1e-9)
+    return f"{rate:,.1f}/s" if rate < 10 else f"{rate:,.0f}/s"
+
+
 def _line(name: str, v: Live, done: int, total: int, elapsed: float) -> str:
     reward = f"{v.reward_sum / v.rewarded:.3f}" if v.rewarded else "-"
-    return f"{name[:18]:<18} {done:>7,}/{total:<7,} {v.done / elapsed:>6,.0f}/s  failed {v.failed:>5,}  reward {reward}"
+    rate = per_second(v.done, elapsed)
+    return f"{name[:18]:<18} {done:>7,}/{total:<7,} {rate:>8}  failed {v.failed:>5,}  reward {reward}"
 
 
 @contextmanager
@@ -94,7 +101,7 @@ def live_progress(enabled: bool, totals: dict[str, int], already: dict[str, int]
             bar.update(
                 ids[name],
                 completed=done,
-                rate=f"{v.done / elapsed:,.0f}/s",
+                rate=per_second(v.done, elapsed),
                 failed=v.failed,
                 reward=f"{v.reward_sum / v.rewarded:.2f}" if v.rewarded else "-",
             )

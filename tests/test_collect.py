@@ -544,3 +544,22 @@ def test_embedded_collects_two_environments_against_real_vllm(tmp_path, settings
     assert m["mcqa"]["k"] == 3 and m["single_tool_call"]["k"] == 2
     assert m["mcqa"]["completion_tokens"] > 0 and m["mcqa"]["tokens_per_s"] > 0
     assert "single_tool_call" in proc.stdout and "mcqa" in proc.stdout  # the metrics table
+
+
+def test_the_table_counts_truncations_and_slow_rates_keep_a_decimal(capsys):
+    """An LLM run truncated 33 of 64 rollouts and ran at under 1 rollout/s: the table says how many
+    were truncated, and the progress line says 0.8/s, not 0/s."""
+    from producer.metrics import render
+    from producer.progress import Live, _line, per_second
+
+    m = dict(rows=8, k=4, count=32, truncated=17, failures={"policy": 1}, mean_reward=0.031)
+    m |= dict(pass_at_k=0.25, majority_at_k=0.125, latency_p50_s=37.61, tokens_per_s=12.3)
+    render({"single_tool_call": m})
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("agent"))
+    row = next(line for line in lines if line.startswith("single_tool_call"))
+    cells = dict(zip(header.split(), row.split()))
+    assert cells["trunc"] == "17" and cells["rollouts"] == "32" and cells["failed"] == "1", lines
+    assert all(len(line) <= 80 for line in lines), lines
+    assert per_second(8, 10.0) == "0.8/s" and per_second(95, 10.0) == "9.5/s" and per_second(1234, 10.0) == "123/s"
+    assert "0.8/s" in _line("mcqa", Live(done=8), 8, 32, 10.0)
