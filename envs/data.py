@@ -14,8 +14,11 @@ destination and renamed into place, so a failure never leaves a half-written dat
 
 Checking a row is envs/data_rows.py.
 
-    DataError(FarmError)      a file with invalid rows (`.errors`: RowError with line numbers),
-                              or inputs that cannot be read
+    DataError(ConfigError)    a file with invalid rows (`.errors`: RowError with line numbers),
+                              or inputs or an output that cannot be used: bad input, so the
+                              command exits 2 (usage), never 1 (a crash)
+
+An environment whose generator writes bad rows is a bug, not bad input: a plain FarmError (exit 1).
 """
 
 from __future__ import annotations
@@ -31,8 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Collection, Iterator, Optional
 
-from envs.data_rows import AGENT_TYPE, RowError, RowTypeOf, check_row, check_type, read_rows, row_types
-from farm.errors import FarmError
+from envs.data_rows import (
+    AGENT_TYPE,
+    RowError,
+    RowTypeOf,
+    check_row,
+    check_type,
+    decode_line,
+    read_rows,
+    row_types,
+)
+from farm.errors import ConfigError, FarmError, UnknownAgent
 
 __all__ = [
     "AGENT_TYPE",
@@ -50,7 +62,9 @@ __all__ = [
 MAX_REPORTED = 20  # errors listed in a DataError message; all are counted
 
 
-class DataError(FarmError):
+class DataError(ConfigError):
+    """Input the command cannot use, as given: the user fixes the file or the option (exit 2)."""
+
     def __init__(self, message: str, errors: Optional[list[RowError]] = None, total: Optional[int] = None):
         self.errors = errors or []
         shown = "".join(f"\n  {e}" for e in self.errors[:MAX_REPORTED])
@@ -98,6 +112,8 @@ def atomic_output(output: str | Path) -> Iterator[IO[str]]:
     target = Path(output)
     if not target.parent.is_dir():
         raise DataError(f"cannot write {output}: the directory {target.parent} does not exist")
+    if target.is_dir():
+        raise DataError(f"cannot write {output}: it is a directory; give a file name")
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -139,17 +155,18 @@ def run_generate(
     if size < 0:
         raise DataError(f"size must be >= 0, got {size}")
     env = load_env(env_name, options)
-    rows = env.generate(size, seed)
-    if len(rows) != size:
-        raise DataError(f"environment {env_name} generated {len(rows)} rows, not {size}")
     ref = {"type": AGENT_TYPE, "name": agent or env_name}
     summary = Summary(output=str(output))
-    with atomic_output(output) as f:
+    with atomic_output(output) as f:  # a bad output path fails before the rows are generated
+        rows = env.generate(size, seed)
+        if len(rows) != size:
+            raise FarmError(f"environment {env_name} generated {len(rows)} rows, not {size}")
         for i, row in enumerate(rows, 1):
             row = {**row, "agent_ref": dict(ref)}
             problems = check_row(row) or check_type(row, env.row_type)
             if problems:
-                raise DataError(f"environment {env_name} generated an invalid row", [RowError(i, p) for p in problems])
+                bad = "; ".join(str(RowError(i, p)) for p in problems)
+                raise FarmError(f"environment {env_name} generated an invalid row: {bad}")
             f.write(_dump(row))
             summary.rows += 1
     summary.per_agent[ref["name"]] = summary.rows
@@ -179,9 +196,9 @@ def run_prepare(
     The output defaults to `path` itself, replaced atomically.
     """
     if replace_agent and not agent:
-        raise DataError("replace_agent needs an agent name")
+        raise DataError("--replace-agent needs the agent to route every row to: give --agent NAME")
     if agent and agents is not None and agent not in agents:
-        raise DataError(f"unknown agent {agent!r}; known: {', '.join(sorted(agents)) or 'none'}")
+        raise UnknownAgent(f"unknown agent {agent!r}; known: {', '.join(sorted(agents)) or 'none'}")
     source = Path(path)
     if not source.is_file():
         raise DataError(f"no such file: {source}")
@@ -272,12 +289,10 @@ def _row_offsets(path: Path) -> array.array:
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             start, pos = pos, pos + len(raw)
-            if not raw.strip():
+            row = decode_line(n, raw, path)
+            if row is None:
                 continue
-            try:
-                problems = check_row(json.loads(raw))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                problems = [f"invalid JSON: {exc}"]
+            problems = [row.message] if isinstance(row, RowError) else check_row(row)
             if problems:
                 n_errors += 1
                 if len(errors) < MAX_REPORTED:

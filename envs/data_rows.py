@@ -137,14 +137,21 @@ def read_rows(path: str | Path) -> Iterator[tuple[int, object]]:
     """(line number, decoded value or a RowError) for every non-blank line, streamed."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield n, RowError(n, f"not UTF-8 text ({exc.reason} at byte {exc.start}) in {path}")
-                continue
-            if not line.strip():
-                continue
-            try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield n, RowError(n, f"invalid JSON: {exc.msg} at column {exc.colno}")
+            row = decode_line(n, raw, path)
+            if row is not None:
+                yield n, row
+
+
+def decode_line(n: int, raw: bytes, path: str | Path) -> object:
+    """Line `n` of `path` decoded; a RowError when it is not UTF-8 JSON, None when blank. Prepare and
+    blend share it, so a file one refuses the other refuses too, with the same words."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return RowError(n, f"not UTF-8 text ({exc.reason} at byte {exc.start}) in {path}")
+    if not line.strip():
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        return RowError(n, f"invalid JSON: {exc.msg} at column {exc.colno}")

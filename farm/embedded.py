@@ -10,6 +10,7 @@ ends it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -49,6 +50,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ConfigError unless `port` on `host` can be listened on now. A port that something else holds (a
+    Redis too, which would then answer our PING) is a setting to change, not a crash; SO_REUSEADDR as
+    redis-server sets it, so a port in TIME_WAIT counts as free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            todo = (
+                "it is already in use; pick another port (farm redis --port, or the embedded_port setting)"
+                if exc.errno == errno.EADDRINUSE
+                else f"{exc.strerror}; check the address and the port (farm redis --bind, --port)"
+            )
+            raise ConfigError(f"cannot listen on {host}:{port}: {todo}") from None
 
 
 class EmbeddedRedis:
@@ -104,6 +123,7 @@ class EmbeddedRedis:
         return "\n".join(lines) + "\n"
 
     def start(self, timeout_s: float = 15.0) -> "EmbeddedRedis":
+        check_port_free(self.host, self.port)
         # Data, AOF and log files are the farm's alone: the directory 0700, every file 0600.
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.data_dir, 0o700)

@@ -369,43 +369,19 @@ def salvaged_failure(
     each field is read on its own and falls back to a neutral value (the agent to `agent`, the
     stream the entry came from).
     """
-    task_id = info.get("task_id")
-    if not isinstance(task_id, str) or not task_id:
-        return None
-    ref = info.get("agent_ref")
-    name = ref.get("name") if isinstance(ref, dict) else None
-    kind_of = ref.get("type") if isinstance(ref, dict) else None
+    ref = info.get("agent_ref") if isinstance(info.get("agent_ref"), dict) else {}
+    text = lambda d, key, default="": d[key] if isinstance(d.get(key), str) and d[key] else default  # noqa: E731
     index = info.get("sample_index")
-
-    def text(key: str) -> str:
-        value = info.get(key)
-        return value if isinstance(value, str) else ""
-
+    if not text(info, "task_id"):
+        return None
     return Rollout(
-        task_id=task_id,
-        run_id=text("run_id"),
-        group_id=text("group_id"),
+        task_id=info["task_id"],
+        run_id=text(info, "run_id"),
+        group_id=text(info, "group_id"),
         sample_index=index if isinstance(index, int) and not isinstance(index, bool) else 0,
-        agent_ref=AgentRef(
-            name=name if isinstance(name, str) and name else agent,
-            type=kind_of if isinstance(kind_of, str) and kind_of else "responses_api_agents",
-        ),
+        agent_ref=AgentRef(name=text(ref, "name", agent), type=text(ref, "type", "responses_api_agents")),
         status=Status.failed,
         error=RolloutError(kind=ErrorKind(kind), message=message),
         finished_at=time.time(),
         **fields,
     )
-    try:
-        return Rollout(
-            task_id=str(info["task_id"]),
-            run_id=str(info["run_id"]),
-            group_id=str(info.get("group_id", "")),
-            sample_index=int(info.get("sample_index", 0)),
-            agent_ref=AgentRef(name=str(ref["name"]), type=str(ref.get("type", "responses_api_agents"))),
-            status=Status.failed,
-            error=RolloutError(kind=ErrorKind(kind), message=message),
-            finished_at=time.time(),
-            **fields,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from farm.errors import ConfigError
+from farm.errors import ConfigError, UnknownAgent
 from farm.schema import Sampling
 from farm.settings import Settings
 from producer.output import BadLine, InputError, Paths, done_keys, read_json, read_rows, repair_tail, write_json
@@ -79,6 +79,11 @@ class Plan:
 def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
     """Check every line and count the work; raises InputError before anything is enqueued."""
     out = out or sys.stderr
+    target = Path(options.output)
+    if target.is_dir():
+        raise InputError(f"cannot write {target}: it is a directory; give a file name")
+    if not target.parent.is_dir():
+        raise InputError(f"cannot write {target}: the directory {target.parent} does not exist")
     p = Plan()
     for item in read_rows(options.input, options.agent, options.limit):
         if isinstance(item, BadLine):
@@ -108,7 +113,7 @@ def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
     known = known_agents(settings)
     unknown = sorted(set(p.pairs) - known)
     if unknown:
-        raise InputError(
+        raise UnknownAgent(
             f"unknown agent(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}. Nothing was enqueued"
         )
     for name in options.num_repeats:

@@ -43,6 +43,10 @@ def files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "latin1.jsonl").write_bytes(b'{"responses_create_params": {"input": "caf\xe9"}}\n')
     (tmp_path / "invalid.jsonl").write_text("{not json\n[1, 2]\n")
+    (tmp_path / "badrow.jsonl").write_text(
+        json.dumps({"responses_create_params": {"input": ""}, "agent_ref": {"name": "noop"}}) + "\n"
+    )
+    (tmp_path / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "ghost.jsonl").write_text(
         json.dumps({"responses_create_params": {"input": "x"}, "agent_ref": {"name": "ghost_agent"}}) + "\n"
     )
@@ -158,6 +162,13 @@ BAD = [
 
 
 def _run(argv: list[str], env: dict[str, str], redis_url: str, namespace: str, tmp: Path) -> tuple[int, str]:
+    proc = _exec(argv, env, redis_url, namespace, tmp)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _exec(
+    argv: list[str], env: dict[str, str], redis_url: str, namespace: str, tmp: Path
+) -> subprocess.CompletedProcess:
     full = (
         ["--namespace", namespace] + [a.replace("{tmp}", str(tmp)) for a in argv]
         if "--namespace" not in argv
@@ -172,7 +183,7 @@ def _run(argv: list[str], env: dict[str, str], redis_url: str, namespace: str, t
         timeout=60,
         env={**base, "FARM_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT), **env},
     )
-    return proc.returncode, proc.stdout + proc.stderr
+    return proc
 
 
 def test_the_table_is_large_and_spans_every_subcommand():
@@ -211,6 +222,145 @@ def test_bad_invocation_ends_in_one_clear_line(argv, env, expected, files, redis
 def test_debug_shows_the_traceback(files, redis_url, namespace):
     code, out = _run(["--debug", "--config", str(files / "bad.yaml"), "status"], {}, redis_url, namespace, files)
     assert code == 2 and "Traceback" in out and "not valid YAML" in out
+
+
+# -- exit codes: bad input is a usage error (2), never a crash (1) -----------------------------
+
+
+def _the_one_line(proc: subprocess.CompletedProcess) -> str:
+    """stderr is exactly one line, `farm...: <what>`, with no traceback anywhere."""
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("farm"), proc.stderr
+    return lines[0]
+
+
+# (argv with {tmp}, a text the one line must hold): each exited 1, as a crash would, before.
+USAGE = [
+    (["data", "prepare", P("badrow.jsonl"), "-o", P("p.jsonl")], "line 1: `responses_create_params.input`"),
+    (["data", "prepare", P("invalid.jsonl"), "-o", P("p.jsonl")], "invalid JSON"),
+    (["data", "prepare", P("empty.jsonl"), "-o", P("p.jsonl")], "no rows"),
+    (["data", "prepare", P("latin1.jsonl"), "-o", P("p.jsonl")], "not UTF-8"),
+    (["data", "prepare", P("binary.bin"), "-o", P("p.jsonl")], "binary.bin"),
+    (["data", "prepare", P("rows.jsonl"), "-o", "/nonexistent/dir/p.jsonl"], "/nonexistent/dir"),
+    (["data", "prepare", P("rows.jsonl"), "-o", P("adir")], "is a directory"),
+    (["data", "prepare", P("empty.jsonl"), "--replace-agent", "-o", P("p.jsonl")], "--agent"),
+    (["data", "blend", P("rows.jsonl"), P("badrow.jsonl"), "-o", P("b.jsonl")], "line 1"),
+    (["data", "blend", P("rows.jsonl"), P("invalid.jsonl"), "-o", P("b.jsonl")], "invalid JSON"),
+    (["data", "blend", P("rows.jsonl"), P("empty.jsonl"), "-o", P("b.jsonl")], "no rows"),
+    (["data", "blend", P("rows.jsonl"), P("latin1.jsonl"), "-o", P("b.jsonl")], "not UTF-8"),
+    (["data", "blend", P("rows.jsonl"), P("binary.bin"), "-o", P("b.jsonl")], "binary.bin"),
+    (["data", "blend", P("rows.jsonl"), "-o", "/nonexistent/dir/b.jsonl"], "/nonexistent/dir"),
+    (["data", "blend", P("rows.jsonl"), "-o", P("adir")], "is a directory"),
+    (["data", "generate", "mcqa", "--size", "3", "-o", "/nonexistent/dir/g.jsonl"], "/nonexistent/dir"),
+    (["data", "generate", "mcqa", "--size", "3", "-o", P("adir")], "is a directory"),
+]
+
+
+@pytest.mark.parametrize("argv,expected", USAGE, ids=[" ".join(a)[:60] for a, _ in USAGE])
+def test_bad_data_input_exits_2_in_one_line(argv, expected, files, redis_url, namespace):
+    proc = _exec(argv, {}, redis_url, namespace, files)
+    line = _the_one_line(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert expected in line, line
+    assert not list((files / "adir").iterdir()), "written into a directory given as the output"
+    assert not [p.name for p in files.iterdir() if p.name.endswith(".tmp")], "a temporary file left behind"
+
+
+# The same kinds of bad input to collect and eval, which already exited 2: kept that way. Skipped lines
+# are reported one per line before the error, so only the last line is the error.
+COLLECT = [
+    (["--input", P("empty.jsonl")], "empty"),
+    (["--input", P("latin1.jsonl")], "no valid row"),
+    (["--input", P("binary.bin")], "no valid row"),
+    (["--input", P("invalid.jsonl")], "no valid row"),
+    (["--input", "/nonexistent/rows.jsonl"], "/nonexistent/rows.jsonl"),
+    (["--input", P("adir")], "adir"),
+    (["--input", P("rows.jsonl"), "--output", "/nonexistent/dir/o.jsonl"], "the directory /nonexistent/dir does not"),
+    (["--input", P("rows.jsonl"), "--output", P("adir")], "adir"),
+]
+
+
+@pytest.mark.parametrize("command", ["collect", "eval"])
+@pytest.mark.parametrize("args,expected", COLLECT, ids=[" ".join(a)[:50] for a, _ in COLLECT])
+def test_bad_input_to_collect_and_eval_exits_2(command, args, expected, files, redis_url, namespace, sync_redis):
+    argv = [command, *args] + ([] if "--output" in args else ["--output", P("o.jsonl")])
+    proc = _exec(argv, {}, redis_url, namespace, files)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("farm")]
+    assert errors == proc.stderr.splitlines()[-1:] and expected in errors[0], proc.stderr
+    assert not list(sync_redis.scan_iter(match=f"{namespace}:*")), "keys left behind"
+
+
+@pytest.mark.parametrize("holder", ["a socket", "another Redis"])
+def test_redis_on_a_taken_port_exits_2_in_one_line(holder, tmp_path, redis_url, namespace):
+    import socket
+    from urllib.parse import urlparse
+
+    with socket.socket() as sock:
+        if holder == "a socket":
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            port = sock.getsockname()[1]
+        else:
+            url = urlparse(redis_url)
+            if url.hostname not in ("127.0.0.1", "localhost"):
+                pytest.skip(f"the test Redis is not on this machine: {url.hostname}")
+            port = url.port or 6379
+        proc = _exec(["redis", "--port", str(port), "--data-dir", str(tmp_path)], {}, redis_url, namespace, tmp_path)
+    line = _the_one_line(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert str(port) in line and "in use" in line and "--port" in line, line
+
+
+UNKNOWN_AGENT = [
+    ["data", "prepare", P("rows.jsonl"), "--agent", "no_such_agent", "-o", P("p.jsonl")],
+    ["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--agent", "no_such_agent"],
+    ["eval", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--agent", "no_such_agent"],
+]
+
+
+@pytest.mark.parametrize("argv", UNKNOWN_AGENT, ids=[" ".join(a[:2]) for a in UNKNOWN_AGENT])
+def test_an_unknown_agent_exits_5_in_every_command(argv, files, redis_url, namespace, sync_redis):
+    proc = _exec(argv, {}, redis_url, namespace, files)
+    line = _the_one_line(proc)
+    assert proc.returncode == 5, proc.stderr  # EXIT_UNKNOWN_AGENT, as `farm worker` and `farm dead`
+    assert "no_such_agent" in line and "noop" in line, line
+    assert not list(sync_redis.scan_iter(match=f"{namespace}:*")), "keys left behind"
+
+
+DEAD_UNKNOWN = [
+    ["list"],
+    ["list", "--json"],
+    ["show", "1-0"],
+    ["requeue", "--all"],
+    ["purge", "--all"],
+    ["requeue", "1-0"],
+]
+
+
+@pytest.mark.parametrize("args", DEAD_UNKNOWN, ids=[" ".join(a) for a in DEAD_UNKNOWN])
+def test_dead_names_the_known_agents_and_exits_5_for_an_unknown_one(args, files, redis_url, namespace, sync_redis):
+    proc = _exec(["dead", args[0], "--agent", "no_such_agent", *args[1:]], {}, redis_url, namespace, files)
+    line = _the_one_line(proc)
+    assert proc.returncode == 5, proc.stderr  # EXIT_UNKNOWN_AGENT, as `farm worker --agent no_such_agent`
+    assert "unknown agent 'no_such_agent'" in line and "noop" in line, line
+    assert proc.stdout == ""
+    assert not list(sync_redis.scan_iter(match=f"{namespace}:*")), "keys left behind"
+
+
+def test_dead_reads_an_agent_the_namespace_knows_though_nothing_defines_it_here(
+    files, redis_url, namespace, sync_redis
+):
+    """A stream served by `farm worker --agent weather --impl ...` on another host: known to Redis, not here."""
+    sync_redis.sadd(f"{namespace}:agents", "weather")
+    sync_redis.xadd(f"{namespace}:dead:orphan", {"kind": "malformed", "reason": "bad entry", "attempts": "0"})
+    for agent, letters in (("weather", 0), ("orphan", 1)):
+        proc = _exec(["dead", "list", "--agent", agent, "--json"], {}, redis_url, namespace, files)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stdout.splitlines()) == letters, proc.stdout
+    proc = _exec(["dead", "purge", "--agent", "orphan", "--all"], {}, redis_url, namespace, files)
+    assert proc.returncode == 0 and "purged 1 dead letter(s) for 'orphan'" in proc.stdout, proc.stderr
 
 
 def test_version_and_help_with_examples():

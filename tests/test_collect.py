@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from farm.errors import UnknownAgent
 from producer.collect import CollectOptions, parse_repeats, run_collect
 from producer.metrics import aggregate
 from producer.output import InputError, Paths, read_records, repair_tail
@@ -229,12 +230,12 @@ def test_malformed_lines_reported_with_line_numbers(tmp_path, settings, sync_red
 def test_unknown_agent_is_reported_before_anything_is_enqueued(tmp_path, settings, sync_redis):
     rows = [noop_row(i) for i in range(5)] + [noop_row(5, agent="no_such_agent")]
     inp = write_rows(tmp_path / "rows.jsonl", rows)
-    with pytest.raises(InputError, match="unknown agent.*no_such_agent"):
+    with pytest.raises(UnknownAgent, match="unknown agent.*no_such_agent"):
         run_collect(settings, opts(tmp_path, inp))
     assert sync_redis.xlen(settings.keys.tasks("noop")) == 0
     assert sync_redis.xlen(settings.keys.tasks("no_such_agent")) == 0
     assert not sync_redis.exists(settings.keys.agents())
-    with pytest.raises(InputError, match="unknown agent.*nope"):
+    with pytest.raises(UnknownAgent, match="unknown agent.*nope"):
         run_collect(settings, opts(tmp_path, write_rows(tmp_path / "ok.jsonl", rows[:5]), agent="nope"))
     assert sync_redis.xlen(settings.keys.tasks("noop")) == 0
 

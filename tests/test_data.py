@@ -165,7 +165,7 @@ def test_prepare_adds_a_missing_agent_ref_and_keeps_existing_ones(tmp_path):
 
 def test_prepare_an_unknown_agent_name_or_an_empty_file_fails(tmp_path):
     path = write(tmp_path / "d.jsonl", [good(0)])
-    with pytest.raises(DataError, match="unknown agent 'nobody'"):
+    with pytest.raises(UnknownAgent, match="unknown agent 'nobody'"):
         run_prepare(path, agent="nobody", agents=AGENTS)
     with pytest.raises(DataError, match="no rows"):
         run_prepare(write(tmp_path / "empty.jsonl", ["", "  "]))

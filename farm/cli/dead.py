@@ -8,7 +8,7 @@ from typing import Optional
 import click
 
 from farm.cli.base import CONTEXT, COUNT, Globals, cli, pass_globals
-from farm.errors import ConfigError
+from farm.errors import ConfigError, UnknownAgent
 
 
 @cli.group(context_settings=CONTEXT)
@@ -16,13 +16,39 @@ def dead() -> None:
     """Dead letters: tasks that ran out of attempts or could not be read, with the reason."""
 
 
-def _open(g: Globals):
+def _open(g: Globals, agent: str):
+    """Settings and a client, once `agent` is known: a mistyped name exits 5, as `farm worker` does,
+    instead of reading an empty stream and reporting nothing to do."""
     from farm.connection import connect_sync
 
     s = g.settings()
     if not s.redis_url:
         s = s.replace(redis_url=f"redis://127.0.0.1:{s.embedded_port}/0")
-    return s, connect_sync(s)
+    r = connect_sync(s)
+    _known(s, r, agent)
+    return s, r
+
+
+def _known(s, r, agent: str) -> None:
+    """An agent is known when anything here defines it (workers.agent.known_agents, which `farm collect`
+    and `farm data prepare` check names against) or the namespace has seen it: in its `agents` set, or
+    with dead letters of its own. A stream that a worker elsewhere serves under another name
+    (`farm worker --agent weather --impl single_tool_call`) is defined on that host alone, and its dead
+    letters must stay readable and requeueable from here."""
+    from farm.transport import errors
+    from workers.agent import known_agents
+
+    defined = known_agents(s)
+    if agent in defined:
+        return
+    with errors(s.redis_url):
+        seen = {a.decode(errors="replace") for a in r.smembers(s.keys.agents())}
+        if agent in seen or r.exists(s.keys.dead(agent)):
+            return
+    raise UnknownAgent(
+        f"unknown agent {agent!r}: no tasks or dead letters in namespace {s.namespace!r} and not defined here "
+        f"(check --agent and --namespace); known: {', '.join(sorted(defined | seen))}"
+    )
 
 
 def _where(s) -> str:
@@ -47,7 +73,7 @@ def dead_list(g: Globals, agent, count, as_json) -> int:
     from farm.deadletters import count_dead, list_dead
     from farm.transport import errors
 
-    s, r = _open(g)
+    s, r = _open(g, agent)
     with errors(s.redis_url):
         total = count_dead(r, s.keys, agent)
         letters = list_dead(r, s.keys, agent, count, max_entry_bytes=s.max_entry_bytes)
@@ -79,7 +105,7 @@ def dead_show(g: Globals, agent, letter_id) -> int:
     from farm.deadletters import show_dead
     from farm.transport import errors
 
-    s, r = _open(g)
+    s, r = _open(g, agent)
     with errors(s.redis_url):
         letter = show_dead(r, s.keys, agent, letter_id, max_entry_bytes=s.max_entry_bytes)
     if letter is None:
@@ -102,7 +128,7 @@ def _act(g: Globals, agent: str, ids: tuple[str, ...], every: bool, verb: str) -
     from farm import deadletters
     from farm.transport import errors
 
-    s, r = _open(g)
+    s, r = _open(g, agent)
     with errors(s.redis_url):
         n = getattr(deadletters, verb)(r, s.keys, agent, _chosen(ids, every, verb))
     what = "task(s)" if verb == "requeue" else "dead letter(s)"
