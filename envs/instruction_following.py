@@ -17,8 +17,12 @@ followed (`fraction`); the environment's `grading` sets the default and a row's
 `grading_mode` overrides it. Each instruction's result is a reward component named by its id.
 An instruction the verifier does not know, or kwargs it cannot use, raise InstructionError:
 the rollout fails as a `verifier` error with the reason instead of scoring 0. The checks are
-literal string and regex scans over one answer (no row-supplied regex), microseconds each,
-so they run inline rather than in the CpuPool.
+literal string and regex scans over one answer (no row-supplied regex), microseconds each on an
+ordinary answer; but a few scans are quadratic on a degenerate one (16,000 words of "The The
+The ..." take `copy:repeat_phrase` about 5 s, a long run of spaces takes
+`detectable_content:postscript` as long), which inline would stall every rollout of the worker.
+So grading runs in a CpuPool process, stopped past `grade_timeout_s` of CPU time (a `verifier`
+failure, not a 0), its processes warmed by setup() (`warm`: every generatable instruction checked once).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from __future__ import annotations
 import random
 from typing import Any, Optional
 
+from envs.cpu import CpuPool
 from envs.ifeval import GENERATABLE, REGISTRY, Instruction, InstructionError, check_instruction
-from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict, parse_row
 
 GRADING_MODES = ("binary", "fraction")
 
@@ -76,7 +81,13 @@ class InstructionFollowing(Environment):
     agent = AgentSettings(loop="single_turn", max_steps=1)
     row_type = IFRow
 
-    def __init__(self, grading: str = "binary", min_instructions: int = 1, max_instructions: int = 3):
+    def __init__(
+        self,
+        grading: str = "binary",
+        min_instructions: int = 1,
+        max_instructions: int = 3,
+        grade_timeout_s: float = 10.0,
+    ):
         if grading not in GRADING_MODES:
             raise ValueError(f"grading must be one of {GRADING_MODES}, got {grading!r}")
         if not 1 <= min_instructions <= max_instructions:
@@ -84,9 +95,17 @@ class InstructionFollowing(Environment):
         self.grading = grading
         self.min_instructions = min_instructions
         self.max_instructions = max_instructions
+        self.grade_timeout_s = grade_timeout_s  # CPU seconds per answer
+        self.pool = CpuPool(warmup=warm)
+
+    async def setup(self) -> None:
+        await self.pool.start()
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
 
     async def verify(self, row: IFRow, state: Any, transcript: Transcript) -> Verdict:
-        return grade(row, transcript.final_text, self.grading)
+        return await self.pool.run(grade, row, transcript.final_text, self.grading, cpu_s=self.grade_timeout_s)
 
     def generate(self, size: int, seed: int = 0) -> list[dict]:
         return generate(size, seed, self.min_instructions, self.max_instructions)
@@ -138,6 +157,16 @@ def grade(row: IFRow, response: str, default_grading: str = "binary") -> Verdict
             "grading_mode": grading,
         },
     )
+
+
+def warm() -> None:
+    """A pool process's first grades: every generatable instruction checked against a short answer,
+    so that the limit later measures grading only."""
+    rng = random.Random(0)
+    answer = "<<Rain>>\nSoft rain falls on the river.\n\n* one\n* two\n\nP.S. It stops."
+    for spec in GENERATABLE:
+        check_instruction(spec.id, spec.sample(rng, TOPICS[0]) if spec.sample else {}, answer)
+    grade(parse_row(generate(1)[0], IFRow), answer)
 
 
 def _compatible(spec: Instruction, chosen: list[Instruction]) -> bool:

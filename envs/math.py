@@ -13,10 +13,13 @@ hostile input, so the comparison runs in a CpuPool process and is stopped once i
 `library_timeout_s` seconds of CPU time (not wall time: on a loaded worker a slow but honest
 comparison still finishes), or killed past `library_wall_s` of wall time if it blocks
 (math-verify's own signal-based timeouts only work in a main thread, hence
-`parsing_timeout=None, timeout_seconds=None` there). When the library says no and a judge is
-configured (`judge_url`, `judge_model`: any OpenAI-compatible server), the judge is asked twice
-with the two answers in swapped order, and the answers count as equal only when both orders say
-so, which cancels the judge's position bias.
+`parsing_timeout=None, timeout_seconds=None` there). math-verify catches every Exception and
+says "not equal", but the pool's limit cannot be caught (envs/cpu.py), so a slow right answer is
+a `verifier` failure, not a 0. setup() warms every pool process with a few comparisons (`warm`),
+since a fresh process's first parse alone costs more than a small limit. When the library says
+no and a judge is configured (`judge_url`, `judge_model`: any OpenAI-compatible server), the
+judge is asked twice with the two answers in swapped order, and the answers count as equal only
+when both orders say so, which cancels the judge's position bias.
 
 Errors are not scores: an expected answer math-verify cannot parse, a comparison past its time
 limit, or a judge that keeps failing raise, and the rollout is recorded as a `verifier` failure.
@@ -101,6 +104,21 @@ def compare(expected: str, boxed: Optional[str], text: str = "") -> bool:
         return bool(pred) and verify(gold, pred, timeout_seconds=None)
     pred = parse(f"\\boxed{{{boxed}}}", [LatexExtractionConfig(), ExprExtractionConfig()], parsing_timeout=None)
     return bool(pred) and verify(gold, pred, timeout_seconds=None)
+
+
+def warm() -> None:
+    """A pool process's first comparisons, so that the limit later measures comparisons only: the
+    first parse of each kind (integers, fractions, decimals, roots, a plain-text answer) loads
+    parsers and SymPy code. Raises when math-verify cannot compare at all."""
+    for expected, boxed, text in [
+        ("2", "2", ""),
+        ("\\frac{3}{4}", "0.75", ""),
+        ("2\\sqrt{2}", "\\sqrt{8}", ""),
+        ("x^2+1", "1+x^{2}", ""),
+        ("81", None, "The answer is 81."),
+    ]:
+        if not compare(expected, boxed, text):
+            raise RuntimeError(f"math-verify does not find {boxed or text!r} equal to {expected!r}")
 
 
 # --- verifier: the LLM judge ---
@@ -208,7 +226,10 @@ class Math(Environment):
         self.judge = judge
         self.library_timeout_s = library_timeout_s  # CPU seconds per answer
         self.library_wall_s = library_wall_s  # wall-clock backstop; CpuPool's default when None
-        self.pool = CpuPool()
+        self.pool = CpuPool(warmup=warm)
+
+    async def setup(self) -> None:
+        await self.pool.start()
 
     async def aclose(self) -> None:
         await self.pool.aclose()

@@ -9,10 +9,13 @@ inside `<answer></answer>` tags.
 
 Verifier: the answer is taken from the last `<answer>` tag, else from the last `\\boxed{}`
 (models trained on math often box instead), else the whole text; then the task's own
-`score_answer(answer, entry)` scores it, in a CpuPool process with a time limit, since some
-checkers (SymPy algebra, puzzle simulators) are CPU-heavy. Scores may be partial (0..1), as the
-task defines them. A row without a task name, an unknown task or a checker that raises is a
-verifier error (a failed rollout with the reason), never a silent 0.
+`score_answer(answer, entry)` scores it, in a CpuPool process with a CPU-time limit
+(`score_timeout_s`), since some checkers (SymPy algebra, puzzle simulators) are CPU-heavy. Scores
+may be partial (0..1), as the task defines them. A row without a task name, an unknown task, a
+checker that raises or one past its limit is a verifier error (a failed rollout with the reason),
+never a silent 0: checkers that wrap their work in a bare `except:` (simple_integration) cannot
+catch the limit (envs/cpu.py). setup() warms every pool process (`warm`: the library's import,
+then one answer scored for each configured task), so the limit measures the scoring only.
 """
 
 from __future__ import annotations
@@ -69,6 +72,20 @@ def score(task: str, answer: str, entry: dict) -> float:
     return float(value)
 
 
+def warm(tasks: tuple[str, ...], configs: tuple[dict, ...]) -> None:
+    """A pool process's first scores: reasoning-gym imported, and each task's own answer to one
+    entry scored, which loads what its checker uses. Raises when reasoning-gym does not import; a
+    task that cannot be warmed is left to fail at its own rows, with its reason."""
+    import reasoning_gym
+
+    for task, config in zip(tasks, configs):
+        try:
+            entry = _jsonable(reasoning_gym.create_dataset(task, size=1, seed=0, **config)[0])
+            score(task, str(entry["answer"]), entry)
+        except Exception:
+            pass
+
+
 def _jsonable(entry: dict) -> dict:
     """The entry as it reads after a JSON round trip (tuples become lists, sets sorted lists), since rows
     travel as JSON and msgpack; anything else is refused here rather than on the wire."""
@@ -100,8 +117,13 @@ class ReasoningGym(Environment):
         self.task = task
         self.tasks = dict(tasks) if tasks else None
         self.config = dict(config or {})
-        self.score_timeout_s = score_timeout_s
-        self.pool = CpuPool()
+        self.score_timeout_s = score_timeout_s  # CPU seconds per answer
+        names = tuple(self.tasks or (task,))
+        configs = tuple(dict(self.config.get(t, {})) for t in names) if self.tasks else (dict(self.config),)
+        self.pool = CpuPool(warmup=warm, warmup_args=(names, configs))
+
+    async def setup(self) -> None:
+        await self.pool.start()
 
     async def aclose(self) -> None:
         await self.pool.aclose()

@@ -265,7 +265,15 @@ ROW = {  # NeMo Gym's legacy layout: verifier fields at the top level, a null kw
 
 
 def verify(env, row, text):
-    return asyncio.run(env.score(row, None, Transcript(final_text=text, output=[], tool_calls=[])))
+    """`env`'s verdict (graded in its CpuPool), the pool closed again (a later call starts another)."""
+
+    async def scored():
+        try:
+            return await env.score(row, None, Transcript(final_text=text, output=[], tool_calls=[]))
+        finally:
+            await env.aclose()
+
+    return asyncio.run(scored())
 
 
 def test_binary_and_fraction_grading():
