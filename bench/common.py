@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from workers.up import worker_command
+from workers.supervise.up import worker_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def delete_namespace(url: str, namespace: str) -> int:
 
 def stop_all(children: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
     """SIGTERM (a worker's graceful drain) to every child, then a kill for any still running after timeout_s."""
-    from workers.up import stop_all as stop
+    from workers.supervise.up import stop_all as stop
 
     stop(children, timeout_s)
 

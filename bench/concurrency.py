@@ -73,7 +73,7 @@ def rows(n: int) -> list[dict]:
 def plain_bodies(tok, script: Script) -> list[bytes]:
     """The two request bodies the worker sends for one rollout (first prompt; prompt after the tool call)."""
     from envs.single_tool_call import SingleToolCall
-    from workers.chat import chat_tools, input_messages
+    from workers.policy.chat import chat_tools, input_messages
 
     row = rows(1)[0]
     env = SingleToolCall()
@@ -281,8 +281,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not answers(args.redis_url):
         raise SystemExit(f"no Redis answers at {args.redis_url}")
 
-    from workers.chat import ChatTokenizer
-    from workers.serving import default_cache, prepare_model
+    from workers.policy.chat import ChatTokenizer
+    from workers.policy.serving import default_cache, prepare_model
 
     started = time.monotonic()
     model_dir = prepare_model(default_cache())

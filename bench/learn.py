@@ -105,7 +105,7 @@ def start(a, out: Path):
     """The vLLM server, the rows on disk, the worker pool; (server, settings, env, worker, train rows)."""
     from envs.sdk import load_env
     from farm.settings import load_settings
-    from workers.serving import PolicyServer, default_cache, prepare_model
+    from workers.policy.serving import PolicyServer, default_cache, prepare_model
 
     model_dir = prepare_model(default_cache())
     redis_url = os.environ.get("FARM_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -65,8 +65,8 @@ from envs.single_tool_call import SingleToolCall, generate  # noqa: E402
 from farm.client import FarmClient  # noqa: E402
 from farm.schema import Sampling, Status  # noqa: E402
 from farm.settings import load_settings  # noqa: E402
-from workers.chat import ChatTokenizer, chat_tools, input_messages  # noqa: E402
-from workers.serving import PolicyServer, default_cache, prepare_model  # noqa: E402
+from workers.policy.chat import ChatTokenizer, chat_tools, input_messages  # noqa: E402
+from workers.policy.serving import PolicyServer, default_cache, prepare_model  # noqa: E402
 
 AGENT = "bench_weather"
 TARGET_RATIO = 0.95
@@ -75,7 +75,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 # -- prompts and request bodies -------------------------------------------------------------------
 def prompt_ids(tok: ChatTokenizer, rows: list[dict]) -> list[list[int]]:
-    """The first prompt of each row exactly as workers/loop.py builds it."""
+    """The first prompt of each row exactly as workers/loops/loop.py builds it."""
     env = SingleToolCall()
     out = []
     for row in rows:
@@ -87,7 +87,7 @@ def prompt_ids(tok: ChatTokenizer, rows: list[dict]) -> list[list[int]]:
 
 
 def request_body(model: str, prompt: list[int], max_tokens: int) -> dict:
-    """The body workers/policy.py PolicyClient.complete sends for this bench's agent config."""
+    """The body workers/policy/tokens.py PolicyClient.complete sends for this bench's agent config."""
     return {
         "model": model,
         "prompt": prompt,

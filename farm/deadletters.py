@@ -18,7 +18,7 @@ import redis
 
 from farm import schema
 from farm.errors import SchemaError
-from farm.keys import Keys
+from farm.keys import Keys, text
 
 # KEYS: dead stream, tasks stream. ARGV: letter ids. Returns how many were requeued.
 REQUEUE = """
@@ -41,14 +41,10 @@ return n
 """
 
 
-def _s(v: Any) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
-
-
 def _letter(entry_id: Any, fields: dict, max_entry_bytes: int, with_task: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": _s(entry_id)}
+    out: dict[str, Any] = {"id": text(entry_id)}
     for key in ("kind", "reason", "agent", "attempts", "worker", "at", "entry_id"):
-        out[key] = _s(fields.get(key.encode(), b""))
+        out[key] = text(fields.get(key.encode(), b""))
     try:
         out["at_iso"] = dt.datetime.fromtimestamp(float(out["at"]), dt.timezone.utc).isoformat(timespec="seconds")
     except ValueError:
@@ -91,7 +87,7 @@ def _ids(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]]) -> li
     if ids is not None:
         return list(ids)
     entries: Any = r.xrange(keys.dead(agent))
-    return [_s(i) for i, _ in entries]
+    return [text(i) for i, _ in entries]
 
 
 def requeue(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]] = None, batch: int = 500) -> int:

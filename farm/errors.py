@@ -27,16 +27,34 @@ exception, or a timeout) into a `failed` Rollout with the reason, after bounded 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from farm.schema import ErrorKind
-
+from enum import Enum
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_TRANSPORT, EXIT_AUTH, EXIT_UNKNOWN_AGENT = 0, 1, 2, 3, 4, 5
 EXIT_INTERRUPTED = 130
 # Exit codes a supervisor must not restart on: the same start would fail the same way.
 NOT_RESTARTABLE = frozenset({EXIT_CONFIG, EXIT_AUTH, EXIT_UNKNOWN_AGENT})
+
+
+class ErrorKind(str, Enum):
+    """Why a rollout failed; counted per kind by consumers."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    malformed = "malformed"  # the task entry could not be decoded
+    schema_version = "schema_version"  # the task was written by another schema version
+    unknown_agent = "unknown_agent"  # no agent registered under agent_ref.name
+    agent_error = "agent_error"  # the agent loop raised something unexpected
+    policy = "policy"  # the model server failed or returned garbage
+    tool = "tool"  # a tool crashed
+    verifier = "verifier"  # the verifier crashed or timed out
+    timeout = "timeout"  # the attempt ran past its time limit
+    deadline = "deadline"  # the task's deadline passed before it finished
+    max_attempts = "max_attempts"  # delivered max_attempts times without finishing
+    invariant = "invariant"  # token trace invariants broken
+    bad_reply_to = "bad_reply_to"  # reply_to is not a result stream of the farm's namespace
+    too_large = "too_large"  # the rollout is bigger than max_entry_bytes
+    sandbox_error = "sandbox_error"  # the code sandbox's machinery failed (never the program's 0)
 
 
 class FarmError(Exception):
@@ -107,8 +125,6 @@ class RolloutFailure(FarmError):
     """
 
     def __init__(self, kind: ErrorKind | str, message: str, *, retryable: bool = False):
-        from farm.schema import ErrorKind
-
         super().__init__(message)
         self.kind = ErrorKind(kind)  # ValueError for a kind that is not one of ErrorKind
         self.message = message

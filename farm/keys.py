@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 GROUP = "workers"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -87,3 +88,8 @@ class Keys:
     def policy_events(self) -> str:
         """Pub/sub channel: `loading N` before a sync, `live N` once every server serves version N."""
         return f"{self.ns}:policy_events"
+
+
+def text(value: Any) -> str:
+    """A Redis reply or field (bytes: clients run with decode_responses off) as text; bad UTF-8 replaced."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

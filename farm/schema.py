@@ -19,7 +19,8 @@ from typing import Any, Iterable, Optional
 
 import msgspec
 
-from farm.errors import MalformedEntry, UnknownSchemaVersion
+from farm.errors import ErrorKind, MalformedEntry, UnknownSchemaVersion
+from farm.keys import text
 
 SCHEMA_VERSION = 1
 _LITTLE = sys.byteorder == "little"
@@ -32,28 +33,6 @@ class Status(str, Enum):
     ok = "ok"
     truncated = "truncated"
     failed = "failed"
-
-
-class ErrorKind(str, Enum):
-    """Why a rollout failed; counted per kind by consumers."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    malformed = "malformed"  # the task entry could not be decoded
-    schema_version = "schema_version"  # the task was written by another schema version
-    unknown_agent = "unknown_agent"  # no agent registered under agent_ref.name
-    agent_error = "agent_error"  # the agent loop raised something unexpected
-    policy = "policy"  # the model server failed or returned garbage
-    tool = "tool"  # a tool crashed
-    verifier = "verifier"  # the verifier crashed or timed out
-    timeout = "timeout"  # the attempt ran past its time limit
-    deadline = "deadline"  # the task's deadline passed before it finished
-    max_attempts = "max_attempts"  # delivered max_attempts times without finishing
-    invariant = "invariant"  # token trace invariants broken
-    bad_reply_to = "bad_reply_to"  # reply_to is not a result stream of the farm's namespace
-    too_large = "too_large"  # the rollout is bigger than max_entry_bytes
-    sandbox_error = "sandbox_error"  # the code sandbox's machinery failed (never the program's 0)
 
 
 def pack_i32(values: Iterable[int]) -> bytes:
@@ -291,11 +270,11 @@ def _body(fields: dict, max_bytes: int) -> bytes:
     version = fields.get(b"v", fields.get("v"))
     body = fields.get(b"d", fields.get("d"))
     if version is None or body is None:
-        raise MalformedEntry(f"entry lacks the 'v' and 'd' fields (has {sorted(map(_text, fields))[:8]})")
+        raise MalformedEntry(f"entry lacks the 'v' and 'd' fields (has {sorted(map(text, fields))[:8]})")
     if isinstance(version, str):
         version = version.encode()
     if version != _VERSION:
-        raise UnknownSchemaVersion(f"schema version {_text(version)[:32]!r}; this farm reads version {SCHEMA_VERSION}")
+        raise UnknownSchemaVersion(f"schema version {text(version)[:32]!r}; this farm reads version {SCHEMA_VERSION}")
     if isinstance(body, str):
         body = body.encode()
     if not isinstance(body, bytes):
@@ -303,10 +282,6 @@ def _body(fields: dict, max_bytes: int) -> bytes:
     if len(body) > max_bytes:
         raise MalformedEntry(f"entry body is {len(body):,} bytes, over max_entry_bytes={max_bytes:,}")
     return body
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _decode(decoder: msgspec.msgpack.Decoder, what: str, body: bytes) -> Any:

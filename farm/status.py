@@ -7,15 +7,11 @@ from typing import Any, Optional
 
 import redis
 
-from farm.keys import GROUP, Keys
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+from farm.keys import GROUP, Keys, text
 
 
 def collect_status(r: redis.Redis, keys: Keys) -> dict:
-    agents = sorted(_s(a) for a in r.smembers(keys.agents()))
+    agents = sorted(text(a) for a in r.smembers(keys.agents()))
     out: dict[str, Any] = {"agents": {}, "workers": []}
     for agent in agents:
         stream = keys.tasks(agent)
@@ -29,11 +25,11 @@ def collect_status(r: redis.Redis, keys: Keys) -> dict:
         }
         try:
             for g in r.xinfo_groups(stream):
-                if _s(g["name"]) == GROUP:
+                if text(g["name"]) == GROUP:
                     row.update(pending=g["pending"], consumers=g["consumers"], lag=g.get("lag"))
         except redis.ResponseError:
             pass  # no stream yet
-        row["counters"] = {_s(k): int(v) for k, v in r.hgetall(keys.stats(agent)).items()}
+        row["counters"] = {text(k): int(v) for k, v in r.hgetall(keys.stats(agent)).items()}
         out["agents"][agent] = row
     for key in r.scan_iter(match=keys.worker_pattern(), count=500):
         raw = r.get(key)
@@ -41,7 +37,7 @@ def collect_status(r: redis.Redis, keys: Keys) -> dict:
             try:
                 out["workers"].append(json.loads(raw))
             except ValueError:
-                out["workers"].append({"worker_id": _s(key), "error": "unreadable heartbeat"})
+                out["workers"].append({"worker_id": text(key), "error": "unreadable heartbeat"})
     return out
 
 

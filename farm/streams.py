@@ -22,7 +22,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from farm import history, schema
 from farm.history import Recording
-from farm.keys import GROUP, Keys
+from farm.keys import GROUP, Keys, text
 from farm.scripts import SHAS, SOURCES
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage, mapped
@@ -30,10 +30,6 @@ from farm.transport import Outage, mapped
 log = logging.getLogger("farm.streams")
 
 Entry = tuple[str, dict]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def load_scripts(r: aioredis.Redis) -> None:
@@ -98,7 +94,7 @@ class AgentStream:
             ),
             "fetching tasks",
         )
-        return [(_s(i), f) for _, entries in resp or [] for i, f in entries]
+        return [(text(i), f) for _, entries in resp or [] for i, f in entries]
 
     async def reclaim(self, min_idle_ms: int, count: int) -> list[tuple[str, dict, int]]:
         """Take over entries idle longer than min_idle_ms; returns (id, fields, deliveries)."""
@@ -110,7 +106,7 @@ class AgentStream:
         )
         if not resp:
             return []
-        entries = [(_s(i), f) for i, f in resp[1] if f is not None]
+        entries = [(text(i), f) for i, f in resp[1] if f is not None]
         if not entries:
             return []
 
@@ -133,7 +129,7 @@ class AgentStream:
         lost = await self.outage.call(
             lambda: self._script("renew", [self.stream], [GROUP, self.consumer, *ids]), "renewing leases"
         )
-        return [_s(x) for x in lost]
+        return [text(x) for x in lost]
 
     async def release(self, ids: list[str], idle_ms: int) -> int:
         """Hand tasks back, in one attempt: this runs while stopping, when Redis may be gone."""

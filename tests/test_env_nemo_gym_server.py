@@ -19,9 +19,9 @@ from envs.nemo_gym_server import CheckedRow, NemoGymServer, response_object
 from envs.sdk import ErrorKind, RolloutFailure, RowError, Transcript, load_env
 from farm.errors import ConfigError
 from farm.schema import Status, Task
-from workers.agent import AgentContext
-from workers.env_calls import call_tool
-from workers.loop import PolicyAgent
+from workers.loops.agent import AgentContext
+from workers.loops.env_calls import call_tool
+from workers.loops.loop import PolicyAgent
 
 from conftest import ScriptedPolicy, free_port, hermes
 
@@ -254,7 +254,7 @@ async def test_an_unreachable_server_fails_the_rollout_with_the_reason():
 
 
 async def test_a_tools_error_answer_goes_back_to_the_model(standin):
-    """Through the worker's own tool call (workers/env_calls.py): the text the model reads."""
+    """Through the worker's own tool call (workers/loops/env_calls.py): the text the model reads."""
     env = NemoGymServer(standin.url, tools=[*NAMES, "broken_tool", "no_such_route"])
     try:
         session = env.new_state(env.check_row(counter_row()))

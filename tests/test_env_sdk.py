@@ -28,8 +28,8 @@ from envs.sdk import (
 from farm.client import FarmClient
 from farm.errors import ConfigError, RolloutFailure
 from farm.schema import Rollout, RolloutError, Status, Task
-from workers.loop import PolicyAgent
-from workers.runtime import Worker
+from workers.delivery.runtime import Worker
+from workers.loops.loop import PolicyAgent
 
 from conftest import ScriptedPolicy
 

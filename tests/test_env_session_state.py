@@ -16,8 +16,8 @@ from envs.sdk import RowError, Transcript, load_env
 from envs.session_state import TOOLS, Counter, SessionState, generate, increment_counter
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
-from workers.agent import AgentContext
-from workers.loop import PolicyAgent
+from workers.loops.agent import AgentContext
+from workers.loops.loop import PolicyAgent
 
 from conftest import ScriptedPolicy, hermes, run_through_worker
 

@@ -271,8 +271,8 @@ def test_registered_and_configurable():
 
 async def _loop(tokenizer, row, script):
     from farm.schema import Task
-    from workers.agent import AgentContext
-    from workers.loop import PolicyAgent
+    from workers.loops.agent import AgentContext
+    from workers.loops.loop import PolicyAgent
 
     agent = PolicyAgent(ENV, ScriptedPolicy(tokenizer, script), tokenizer)
     task = Task.new(run_id="wa", agent="workplace_assistant", row=row, reply_to="x")

@@ -11,7 +11,7 @@ spins, which shows the measurement can see a blocked loop.
 
 No model is involved, on purpose: the test is about the event loop, so the policy is a stub
 that answers at once and the tokenizer a stub that turns any text into a few fixed ids. The
-agent loop (workers/loop.py), the worker runtime and Redis are the real ones.
+agent loop (workers/loops/loop.py), the worker runtime and Redis are the real ones.
 """
 
 import asyncio
@@ -22,9 +22,9 @@ import pytest
 from envs.cpu import CpuPool
 from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
 from farm.client import FarmClient
-from workers.loop import PolicyAgent
-from workers.policy import Completion
-from workers.runtime import Worker
+from workers.delivery.runtime import Worker
+from workers.loops.loop import PolicyAgent
+from workers.policy.tokens import Completion
 
 pytestmark = pytest.mark.slow
 

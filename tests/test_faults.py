@@ -407,7 +407,7 @@ def _pool(tmp_path: Path, child: str, *, processes=1, max_restarts=3, window_s=1
     """)
     )
     code = (
-        f"import sys, logging; logging.basicConfig(level=logging.INFO); from workers.pool import run_pool; "
+        f"import sys, logging; logging.basicConfig(level=logging.INFO); from workers.supervise.pool import run_pool; "
         f"sys.exit(run_pool([sys.executable, {str(script)!r}], {processes}, max_restarts={max_restarts}, "
         f"window_s={window_s}, base_s=0.05))"
     )

@@ -136,9 +136,9 @@ def test_health_is_ok_for_a_live_worker_and_not_ok_while_its_redis_is_down(tmp_p
 async def test_health_is_not_ok_while_the_worker_event_loop_is_blocked(redis_url, namespace):
     """In process, because the loop must be blocked from inside: as a verifier that never yields blocks it.
     The probe's own thread keeps answering, with 503, and the worker recovers once the loop runs again."""
-    from workers.health import HealthServer
-    from workers.noop import NoopAgent
-    from workers.runtime import Worker
+    from workers.delivery.health import HealthServer
+    from workers.delivery.runtime import Worker
+    from workers.loops.noop import NoopAgent
 
     s = make_settings(redis_url, namespace, heartbeat_ttl_s=1.0)
     hp = free_port()

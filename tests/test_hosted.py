@@ -20,7 +20,7 @@ from farm.client import FarmClient
 from farm.errors import ConfigError, RolloutFailure
 from farm.schema import Rollout, Sampling, Status, Task
 from farm.settings import load_settings
-from workers.agent import AgentContext, policy_agent
+from workers.loops.agent import AgentContext, policy_agent
 
 from conftest import ROOT, stop, worker_env
 
@@ -134,7 +134,7 @@ async def test_rollouts_spread_over_replicas_and_share_one_client_each(tmp_path,
 def test_the_aiohttp_transport_is_used():
     import openai
 
-    from workers.openai_pool import _http_client
+    from workers.policy.openai_pool import _http_client
 
     assert isinstance(_http_client(16), openai.DefaultAioHttpClient)
 
@@ -172,7 +172,7 @@ def test_error_mapping_overflow_and_key_scrubbing(settings):
     import httpx2
     import openai
 
-    from workers.openai_pool import ContextOverflow, Replicas
+    from workers.policy.openai_pool import ContextOverflow, Replicas
 
     replicas = Replicas(hosted(settings, "http://policy:8000", policy_api_key=KEY))
     request = httpx2.Request("POST", "http://policy:8000/v1/chat/completions")

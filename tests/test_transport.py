@@ -17,8 +17,8 @@ from farm.keys import GROUP
 from farm.schema import Status
 from farm.streams import AgentStream
 from farm.transport import Outage
-from workers.noop import NoopAgent
-from workers.runtime import Worker
+from workers.delivery.runtime import Worker
+from workers.loops.noop import NoopAgent
 
 from conftest import async_wait_for, consumer_with_tasks, make_settings, run_script
 from conftest import in_process_worker as worker

@@ -25,7 +25,7 @@ from envs.reasoning_gym import ReasoningGym
 from envs.sdk import Transcript
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind
-from workers.env_calls import verify as verify_rollout
+from workers.loops.env_calls import verify as verify_rollout
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = 0.05  # CPU seconds: well above a warm exact comparison, well below the slow ones here

@@ -6,11 +6,11 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Optional
 
 import click
 
+import farm
 from farm.errors import ConfigError
 from farm.logs import setup_logging
 from farm.settings import Settings, load_settings
@@ -18,13 +18,6 @@ from farm.settings import Settings, load_settings
 log = logging.getLogger("farm.cli")
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def _version() -> str:
-    try:
-        return version("rollout-farm")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 class Finite(click.ParamType):
@@ -95,7 +88,7 @@ pass_globals = click.make_pass_decorator(Globals)
     help="log level (default: settings, INFO).",
 )
 @click.option("--debug", is_flag=True, help="show tracebacks on errors.")
-@click.version_option(_version(), "--version", prog_name="farm")
+@click.version_option(farm.__version__, "--version", prog_name="farm")
 @click.pass_context
 def cli(ctx: click.Context, config, redis_url, namespace, log_level, debug) -> None:
     """Redis-streams rollout farm for LLM reinforcement learning."""

@@ -67,7 +67,7 @@ def data_generate(env, size, seed, agent, output, env_options) -> int:
 def data_prepare(g: Globals, path, agent, replace_agent, output, lenient, no_check_agents) -> int:
     """Validate a JSONL file (errors by line number), add missing agent_refs."""
     from envs import data as data_mod
-    from workers.agent import known_agents
+    from workers.loops.agent import known_agents
 
     settings = g.settings()
     agents = None if no_check_agents else known_agents(settings)

@@ -30,13 +30,13 @@ def _open(g: Globals, agent: str):
 
 
 def _known(s, r, agent: str) -> None:
-    """An agent is known when anything here defines it (workers.agent.known_agents, which `farm collect`
+    """An agent is known when anything here defines it (workers.loops.agent.known_agents, which `farm collect`
     and `farm data prepare` check names against) or the namespace has seen it: in its `agents` set, or
     with dead letters of its own. A stream that a worker elsewhere serves under another name
     (`farm worker --agent weather --impl single_tool_call`) is defined on that host alone, and its dead
     letters must stay readable and requeueable from here."""
     from farm.transport import errors
-    from workers.agent import known_agents
+    from workers.loops.agent import known_agents
 
     defined = known_agents(s)
     if agent in defined:

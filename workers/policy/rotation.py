@@ -1,6 +1,6 @@
 """Which policy replica takes the next request: the rotation, cooling, health checks, affinity.
 
-The policy client (workers/policy.py) asks the rotation for a replica before every request and
+The policy client (workers/policy/tokens.py) asks the rotation for a replica before every request and
 reports back how it answered; the rotation alone decides who is in rotation, so the request
 path never holds that state:
 
@@ -32,7 +32,7 @@ import aiohttp
 from farm.transport import backoff_delay
 
 if TYPE_CHECKING:
-    from workers.policy import PolicyConfig
+    from workers.policy.tokens import PolicyConfig
 
 log = logging.getLogger("farm.policy")
 

@@ -21,7 +21,7 @@ whose connector allows as many connections as the worker has loops, idle connect
 for a minute (a loop's next turn reuses its connection instead of reconnecting), and a
 separate small session for health checks, so a saturated pool never fails a health check.
 
-Faults, and backpressure (the rotation itself lives in workers/rotation.py). A replica
+Faults, and backpressure (the rotation itself lives in workers/policy/rotation.py). A replica
 answering 429 or 503 is *cooling*: it takes no request
 until its Retry-After (or a doubling backoff) has passed, then comes back on its next good
 answer. A replica that errors `unhealthy_after` times in a row (connection refused, 5xx,
@@ -54,7 +54,7 @@ import msgspec
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind
 from farm.transport import backoff_delay
-from workers.rotation import Replica, Rotation, Session, retry_after_s
+from workers.policy.rotation import Replica, Rotation, Session, retry_after_s
 
 __all__ = [
     "Completion",

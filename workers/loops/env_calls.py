@@ -1,7 +1,7 @@
 """What every agent loop shares: reading the row and the sampling, one tool call, the verdict.
 
-Every loop kind (token-in/token-out in workers/loop.py, the openai client in
-workers/hosted.py) must treat tools and verifiers the same way, or rollouts of one
+Every loop kind (token-in/token-out in workers/loops/loop.py, the openai client in
+workers/loops/hosted.py) must treat tools and verifiers the same way, or rollouts of one
 environment would be scored differently depending on the policy kind:
 
 - a tool's problems (unknown name, bad arguments, an exception, running past
@@ -21,7 +21,7 @@ from typing import Any
 from envs.sdk import Environment, Tool, Transcript, Verdict
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Status, Task, Timings
-from workers.chat import BadToolCall, ToolCall, input_messages
+from workers.policy.chat import BadToolCall, ToolCall, input_messages
 
 
 class EnvironmentAgent:

@@ -22,10 +22,10 @@ from typing import Any, Optional
 from envs.sdk import AgentSettings, Environment, Tool, Transcript
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings, TokenTrace
-from workers.chat import ChatTokenizer, chat_tools, parse_tool_calls
-from workers.context import AgentContext
-from workers.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
-from workers.policy import ContextOverflow, PolicyClient, Session
+from workers.loops.context import AgentContext
+from workers.loops.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
+from workers.policy.chat import ChatTokenizer, chat_tools, parse_tool_calls
+from workers.policy.tokens import ContextOverflow, PolicyClient, Session
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Hosted and OpenAI-compatible policies through the `openai` client (policy_kind chat / responses).
 
-The tokens path (workers/loop.py) needs vLLM's /v1/completions and the model's tokenizer, so
+The tokens path (workers/loops/loop.py) needs vLLM's /v1/completions and the model's tokenizer, so
 that the trainer gets the exact ids the policy sampled. Evaluation and offline collection
 against hosted APIs, or against vLLM's chat endpoint, need neither: they speak chat
 completions or the Responses API and return text. Rollouts made here carry the conversation,
@@ -8,8 +8,8 @@ the reward and the metrics, but no token ids (trace None, trainable False): the 
 refuses them rather than train on re-tokenized text.
 
 The loop (single_turn / tool_use / multi_turn, max_steps, follow-up messages) mirrors
-workers/loop.py; tools and the verifier run through workers/env_calls.py with the same limits;
-the clients, replica choice and error mapping live in workers/openai_pool.py.
+workers/loops/loop.py; tools and the verifier run through workers/loops/env_calls.py with the same limits;
+the clients, replica choice and error mapping live in workers/policy/openai_pool.py.
 
   chat       client.chat.completions.create; tool calls from the message's `tool_calls`, or,
              when it has none, Hermes `<tool_call>` tags in the text (what small models write
@@ -28,10 +28,10 @@ from envs.sdk import AgentSettings, Environment, Tool, Transcript
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Task, Timings
 from farm.settings import Settings
-from workers.chat import TOOL_SYSTEM, BadToolCall, ToolCall, chat_tools, parse_tool_calls
-from workers.context import AgentContext
-from workers.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
-from workers.openai_pool import ContextOverflow, Replicas
+from workers.loops.context import AgentContext
+from workers.loops.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
+from workers.policy.chat import TOOL_SYSTEM, BadToolCall, ToolCall, chat_tools, parse_tool_calls
+from workers.policy.openai_pool import ContextOverflow, Replicas
 
 if TYPE_CHECKING:
     import openai

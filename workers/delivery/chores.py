@@ -7,9 +7,9 @@ import asyncio
 import logging
 import resource
 import time
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import farm
 from farm.errors import ConfigError
 
 log = logging.getLogger("farm.worker")
@@ -17,14 +17,7 @@ log = logging.getLogger("farm.worker")
 FILES_RESERVED = 256  # Redis connections, logs, the tokenizer, sandboxes: beside one socket per loop
 
 
-def _version() -> str:
-    try:
-        return version("rollout-farm")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-VERSION = _version()
+VERSION = farm.__version__
 
 
 def raise_open_files(concurrency: int) -> int:

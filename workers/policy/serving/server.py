@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from farm.embedded import free_port, run_in_foreground
-from workers.serving.common import OFFLINE_ENV, PolicyServerError, say, tail
-from workers.serving.model import default_cache, prepare_model
-from workers.serving.venv import has_nvidia_gpu, serving_venv, venv_python
+from workers.policy.serving.common import OFFLINE_ENV, PolicyServerError, say, tail
+from workers.policy.serving.model import default_cache, prepare_model
+from workers.policy.serving.venv import has_nvidia_gpu, serving_venv, venv_python
 
 
 class PolicyServer:

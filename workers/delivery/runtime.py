@@ -51,10 +51,10 @@ from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage
-from workers.chores import VERSION, Summary, dump_tasks, raise_open_files, serve_metrics
-from workers.context import Agent, AgentContext
-from workers.health import HealthServer
-from workers.outcome import Outcomes
+from workers.delivery.chores import VERSION, Summary, dump_tasks, raise_open_files, serve_metrics
+from workers.delivery.health import HealthServer
+from workers.delivery.outcome import Outcomes
+from workers.loops.context import Agent, AgentContext
 
 log = logging.getLogger("farm.worker")
 

@@ -36,7 +36,7 @@ from farm.schema import ErrorKind
 from farm.settings import MASKED, Settings
 
 if TYPE_CHECKING:
-    from workers.hosted import Conversation, Turn
+    from workers.loops.hosted import Conversation, Turn
 
 log = logging.getLogger("farm.hosted")
 

@@ -24,7 +24,7 @@ from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream
 from farm.transport import backoff_delay
-from workers.context import Agent, AgentContext
+from workers.loops.context import Agent, AgentContext
 
 log = logging.getLogger("farm.worker")
 

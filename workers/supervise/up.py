@@ -174,7 +174,7 @@ def run_up(settings: Settings, path: str | os.PathLike) -> int:
         env = dict(os.environ, FARM_REDIS_URL=s.redis_url, FARM_NAMESPACE=s.namespace, FARM_CONFIG=str(path))
         policy = plan["policy"]
         if policy.get("serve"):
-            from workers.serving import PolicyServer, default_cache, prepare_model
+            from workers.policy.serving import PolicyServer, default_cache, prepare_model
 
             model = Path(policy["model"]) if policy.get("model") else prepare_model(default_cache())
             server = stack.enter_context(

@@ -21,10 +21,10 @@ Why it looks like this:
 the server and runs until SIGINT/SIGTERM.
 """
 
-from workers.serving.common import OFFLINE_ENV, PolicyServerError
-from workers.serving.model import MODEL_NAME, default_cache, prepare_model
-from workers.serving.server import PolicyServer, run_prepare, run_serve, start_server
-from workers.serving.venv import DEFAULT_VENV, has_nvidia_gpu, serving_venv
+from workers.policy.serving.common import OFFLINE_ENV, PolicyServerError
+from workers.policy.serving.model import MODEL_NAME, default_cache, prepare_model
+from workers.policy.serving.server import PolicyServer, run_prepare, run_serve, start_server
+from workers.policy.serving.venv import DEFAULT_VENV, has_nvidia_gpu, serving_venv
 
 __all__ = [
     "DEFAULT_VENV",

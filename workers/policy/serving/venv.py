@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from workers.serving.common import OFFLINE_ENV, locked, read_json, run_step, say
+from workers.policy.serving.common import OFFLINE_ENV, locked, read_json, run_step, say
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
