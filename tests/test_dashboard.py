@@ -21,7 +21,7 @@ from farm.dashboard import data
 from farm.dashboard.app import CSRF_COOKIE, create_app
 from farm.history import LATENCY_EDGES_S, latency_bin
 
-from conftest import in_process_worker, make_settings
+from conftest import in_process_worker, make_settings, wait_for
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 
@@ -91,74 +91,103 @@ async def test_every_overview_number_matches_the_rollouts(farm):
 
 async def test_pages_api_and_metrics(farm):
     settings, r, got, tasks, flaky, live = farm
-    web = TestClient(create_app(settings, r))
-    api = web.get("/api/overview").json()
-    assert set(api["agents"]) == {"noop", "flaky", "idle"} and api["agents"]["idle"]["queued"] == 6
-    home = web.get("/")
-    assert home.status_code == 200 and "default-src 'self'" in home.headers["content-security-policy"]
-    assert 'data-agent="noop"' in home.text and "script-src 'self'" in home.headers["content-security-policy"]
-    assert web.get("/agents/noop").text.count("<svg") == 5
-    assert web.get("/workers").status_code == 200
-    hist = web.get("/api/history/noop?minutes=5").json()["points"]
-    assert sum(p["done"] for p in hist) == sum(x.ok for x in got.values() if x.agent_ref.name == "noop")
+    with TestClient(create_app(settings, r)) as web:
+        api = web.get("/api/overview").json()
+        assert set(api["agents"]) == {"noop", "flaky", "idle"} and api["agents"]["idle"]["queued"] == 6
+        home = web.get("/")
+        assert home.status_code == 200 and "default-src 'self'" in home.headers["content-security-policy"]
+        assert 'data-agent="noop"' in home.text and "script-src 'self'" in home.headers["content-security-policy"]
+        assert web.get("/agents/noop").text.count("<svg") == 5
+        assert web.get("/workers").status_code == 200
+        hist = web.get("/api/history/noop?minutes=5").json()["points"]
+        assert sum(p["done"] for p in hist) == sum(x.ok for x in got.values() if x.agent_ref.name == "noop")
 
-    families = {f.name: f for f in text_string_to_metric_families(web.get("/metrics").text)}
-    depth = {s.labels["agent"]: s.value for s in families["farm_queue_depth"].samples}
-    assert depth == {"noop": 0.0, "flaky": 0.0, "idle": 6.0}
-    dead = {s.labels["agent"]: s.value for s in families["farm_dead_letters"].samples}
-    assert dead["flaky"] == 4.0
-    done = {(s.labels["agent"], s.labels["status"]): s.value for s in families["farm_rollouts"].samples}
-    assert done[("noop", "done")] == 16.0 and done[("flaky", "dead")] == 4.0
-    kinds = {(s.labels["agent"], s.labels["kind"]) for s in families["farm_failures_per_minute"].samples}
-    assert ("noop", "verifier") in kinds and ("flaky", "agent_error") in kinds
+        families = {f.name: f for f in text_string_to_metric_families(web.get("/metrics").text)}
+        depth = {s.labels["agent"]: s.value for s in families["farm_queue_depth"].samples}
+        assert depth == {"noop": 0.0, "flaky": 0.0, "idle": 6.0}
+        dead = {s.labels["agent"]: s.value for s in families["farm_dead_letters"].samples}
+        assert dead["flaky"] == 4.0
+        done = {(s.labels["agent"], s.labels["status"]): s.value for s in families["farm_rollouts"].samples}
+        assert done[("noop", "done")] == 16.0 and done[("flaky", "dead")] == 4.0
+        kinds = {(s.labels["agent"], s.labels["kind"]) for s in families["farm_failures_per_minute"].samples}
+        assert ("noop", "verifier") in kinds and ("flaky", "agent_error") in kinds
 
 
 async def test_model_output_renders_as_text(farm):
     settings, r, got, tasks, flaky, live = farm
-    web = TestClient(create_app(settings, r))
-    listing = web.get("/rollouts/noop").text
-    ids = re.findall(r'href="/rollouts/noop/([^"]+)"', listing)
-    assert ids
-    pages = [web.get(f"/rollouts/noop/{i}").text for i in ids]
-    hostile = [p for p in pages if "pwned" in p]
-    assert hostile, "the rollout holding HTML was sampled"
-    assert "<script>document.title" not in hostile[0] and "<img src=x" not in hostile[0]
-    assert "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in hostile[0]
+    with TestClient(create_app(settings, r)) as web:
+        listing = web.get("/rollouts/noop").text
+        ids = re.findall(r'href="/rollouts/noop/([^"]+)"', listing)
+        assert ids
+        pages = [web.get(f"/rollouts/noop/{i}").text for i in ids]
+        hostile = [p for p in pages if "pwned" in p]
+        assert hostile, "the rollout holding HTML was sampled"
+        assert "<script>document.title" not in hostile[0] and "<img src=x" not in hostile[0]
+        assert "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in hostile[0]
 
 
 async def test_write_actions_need_the_token_and_the_form_of_this_dashboard(farm):
     settings, r, got, tasks, flaky, live = farm
-    web = TestClient(create_app(settings, r))
-    page = web.get("/dead/flaky")
-    csrf = web.cookies.get(CSRF_COOKIE)
-    assert page.status_code == 200 and csrf and f'value="{csrf}"' in page.text
-    letter = re.findall(r'<tr data-id="([^"]+)">', page.text)[0]
-    refused = [
-        ({"csrf": csrf, "token": "wrong", "ids": letter}, "wrong dashboard token"),
-        ({"csrf": "forged", "token": "s3cret", "ids": letter}, "CSRF"),
-        ({"token": "s3cret", "ids": letter}, "CSRF"),
-    ]
-    for form, reason in refused:
-        resp = web.post("/dead/flaky/requeue", data=form, follow_redirects=False)
-        assert resp.status_code == 403 and reason in resp.text
-    assert web.get("/dead/flaky/requeue").status_code == 404, "write actions are POST only"
-    detail = web.get(f"/dead/flaky/{letter}")
-    assert detail.status_code == 200 and "agent_error" in detail.text and "noop told to fail" in detail.text
-    assert "&#34;fail&#34;: &#34;always&#34;" in detail.text, "the task, as escaped JSON"
-    assert r.xlen(settings.keys.dead("flaky")) == 4
-    ok = web.post("/dead/flaky/requeue", data={"csrf": csrf, "token": "s3cret", "ids": letter}, follow_redirects=False)
-    assert ok.status_code == 303 and r.xlen(settings.keys.dead("flaky")) == 3
-    assert r.xlen(settings.keys.tasks("flaky")) == 1
-    purged = web.post("/dead/flaky/purge", data={"csrf": csrf, "token": "s3cret", "all": "yes"}, follow_redirects=True)
-    assert "purged 3" in purged.text and r.xlen(settings.keys.dead("flaky")) == 0
+    with TestClient(create_app(settings, r)) as web:
+        page = web.get("/dead/flaky")
+        csrf = web.cookies.get(CSRF_COOKIE)
+        assert page.status_code == 200 and csrf and f'value="{csrf}"' in page.text
+        letter = re.findall(r'<tr data-id="([^"]+)">', page.text)[0]
+        refused = [
+            ({"csrf": csrf, "token": "wrong", "ids": letter}, "wrong dashboard token"),
+            ({"csrf": "forged", "token": "s3cret", "ids": letter}, "CSRF"),
+            ({"token": "s3cret", "ids": letter}, "CSRF"),
+        ]
+        for form, reason in refused:
+            resp = web.post("/dead/flaky/requeue", data=form, follow_redirects=False)
+            assert resp.status_code == 403 and reason in resp.text
+        assert web.get("/dead/flaky/requeue").status_code == 404, "write actions are POST only"
+        detail = web.get(f"/dead/flaky/{letter}")
+        assert detail.status_code == 200 and "agent_error" in detail.text and "noop told to fail" in detail.text
+        assert "&#34;fail&#34;: &#34;always&#34;" in detail.text, "the task, as escaped JSON"
+        assert r.xlen(settings.keys.dead("flaky")) == 4
+        ok = web.post(
+            "/dead/flaky/requeue", data={"csrf": csrf, "token": "s3cret", "ids": letter}, follow_redirects=False
+        )
+        assert ok.status_code == 303 and r.xlen(settings.keys.dead("flaky")) == 3
+        assert r.xlen(settings.keys.tasks("flaky")) == 1
+        purged = web.post(
+            "/dead/flaky/purge", data={"csrf": csrf, "token": "s3cret", "all": "yes"}, follow_redirects=True
+        )
+        assert "purged 3" in purged.text and r.xlen(settings.keys.dead("flaky")) == 0
 
-    closed = TestClient(create_app(make_settings(settings.redis_url, settings.namespace), r))
-    closed.get("/dead/flaky")
-    resp = closed.post("/dead/flaky/purge", data={"csrf": closed.cookies.get(CSRF_COOKIE), "token": "", "all": "yes"})
-    assert resp.status_code == 403 and "write actions are disabled" in resp.text
+    with TestClient(create_app(make_settings(settings.redis_url, settings.namespace), r)) as closed:
+        closed.get("/dead/flaky")
+        resp = closed.post(
+            "/dead/flaky/purge", data={"csrf": closed.cookies.get(CSRF_COOKIE), "token": "", "all": "yes"}
+        )
+        assert resp.status_code == 403 and "write actions are disabled" in resp.text
 
 
 def test_a_redis_that_is_down_is_one_line(namespace):
     settings = make_settings("redis://127.0.0.1:1/0", namespace, redis_down_max_s=0.5)
-    resp = TestClient(create_app(settings)).get("/api/overview")
+    with TestClient(create_app(settings)) as web:
+        resp = web.get("/api/overview")
     assert resp.status_code == 503 and resp.text.startswith("farm dashboard: ") and "\n" not in resp.text.strip()
+
+
+def named(r: redis.Redis, name: str) -> int:
+    """Connections Redis holds under this client name (redis-py names them from the URL's client_name)."""
+    return sum(1 for c in r.client_list() if c.get("name") == name)
+
+
+def test_the_redis_client_is_closed_when_the_app_shuts_down(redis_url, namespace):
+    sep = "&" if "?" in redis_url else "?"
+    own, lent = f"{namespace}-dashboard", f"{namespace}-caller"
+    observer = redis.Redis.from_url(redis_url)
+    with TestClient(create_app(make_settings(f"{redis_url}{sep}client_name={own}", namespace))) as web:
+        assert web.get("/healthz").json() == {"ok": True}
+        assert named(observer, own) == 1
+    wait_for(lambda: named(observer, own) == 0, timeout=5, what="the dashboard's Redis connection to close")
+
+    caller = redis.Redis.from_url(f"{redis_url}{sep}client_name={lent}")
+    with TestClient(create_app(make_settings(redis_url, namespace), caller)) as web:
+        assert web.get("/healthz").status_code == 200
+    assert named(observer, lent) == 1, "a client the caller passed in is the caller's to close"
+    caller.close()
+    observer.close()

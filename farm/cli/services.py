@@ -258,6 +258,7 @@ def dashboard(g: Globals, host, port, token_file) -> int:
     """The web dashboard and the farm's Prometheus metrics (/metrics), read from Redis."""
     import uvicorn
 
+    from farm.connection import connect_sync
     from farm.dashboard.app import create_app
     from farm.settings import read_secret
     from farm.transport import redact
@@ -267,9 +268,12 @@ def dashboard(g: Globals, host, port, token_file) -> int:
         s = s.replace(redis_url=f"redis://127.0.0.1:{s.embedded_port}/0")
     if token_file:
         s = s.replace(dashboard_token=read_secret(token_file, "dashboard token"))
+    # The app's lifespan opens its own client; building one here (no connection yet) first makes a
+    # bad URL or an unreadable password file this command's one-line error, not uvicorn's traceback.
+    connect_sync(s).close()
     app = create_app(s)
     writes = "enabled (token set)" if s.dashboard_token else "disabled (no dashboard_token)"
     print(f"farm dashboard on http://{host}:{port}/ for Redis {redact(s.redis_url)}, namespace {s.namespace!r}")
     print(f"metrics at http://{host}:{port}/metrics; requeue/purge {writes}", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
     return 0

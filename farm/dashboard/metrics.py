@@ -3,15 +3,20 @@
 One scrape target for every agent: the dashboard's `/metrics`. Names are prefixed `farm_` and
 carry an `agent` label; deploy/monitoring's Grafana panels and alert rules use only these.
 Gauges are the overview's figures over its 5-minute window; `*_total` counters come from the
-agents' stats hashes, which only grow.
+agents' stats hashes, which only grow. `router` serves them; `FarmCollector` computes them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from farm.dashboard import data
+from farm.dashboard.deps import Read
 
 GAUGES = {
     "farm_queue_depth": ("Tasks waiting to be picked up (the consumer group's lag).", "queued"),
@@ -78,3 +83,11 @@ def registry(read: Callable[[], dict[str, Any]]) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(FarmCollector(read))
     return reg
+
+
+router = APIRouter()
+
+
+@router.get("/metrics")
+def metrics(read: Read) -> Response:
+    return Response(generate_latest(registry(lambda: read(data.overview))), media_type=CONTENT_TYPE_LATEST)
