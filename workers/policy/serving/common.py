@@ -71,7 +71,8 @@ def tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
-def read_json(path: Path) -> object:
+def json_or_none(path: Path) -> object:
+    """What `path` holds as JSON; None when it is missing or not JSON (a stamp not written yet, or torn)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
