@@ -25,12 +25,13 @@ import time
 import uuid
 from pathlib import Path
 
-import redis
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import delete_namespace, stop_all  # noqa: E402
+from bench.common import delete_namespace  # noqa: E402
+from farm.errors import FarmError  # noqa: E402
+from farm.settings import load_settings  # noqa: E402
+from workers.supervise.stack import LocalStack, Pool  # noqa: E402
 
 
 def write_rows(path: Path, n: int) -> None:
@@ -50,33 +51,22 @@ def write_rows(path: Path, n: int) -> None:
 
 def run_once(url: str, rows: Path, out_dir: Path, processes: int, args: argparse.Namespace) -> dict:
     namespace = f"bench-collect-{uuid.uuid4().hex[:10]}"
-    env = dict(os.environ, FARM_REDIS_URL=url, FARM_NAMESPACE=namespace, FARM_LOG_LEVEL="WARNING", PYTHONPATH=str(ROOT))
-    log = open(out_dir / f"workers-{processes}.log", "wb")
-    workers = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "farm",
-            "worker",
-            "--agent",
-            "noop",
-            "--processes",
-            str(processes),
-            "--concurrency",
-            str(args.worker_concurrency),
-        ],
-        env=env,
+    settings = load_settings(env={}, overrides={"redis_url": url, "namespace": namespace})
+    workers = LocalStack(
+        settings,
+        [Pool("noop", processes, args.worker_concurrency, label=str(processes))],
+        env={"FARM_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)},
+        log_prefix="workers",
+        log_dir=out_dir,
         cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        ready_timeout_s=60.0,
     )
-    r = redis.Redis.from_url(url)
     try:
-        deadline = time.monotonic() + 60
-        while len(list(r.scan_iter(match=f"{namespace}:worker:*"))) < processes:
-            if time.monotonic() > deadline or workers.poll() is not None:
-                raise SystemExit(f"workers did not start (see {log.name})")
-            time.sleep(0.1)
+        workers.start()  # on the given Redis: the pool alone
+        try:
+            workers.wait_live()
+        except FarmError as exc:
+            raise SystemExit(f"workers did not start: {exc}") from exc
         out = out_dir / f"rollouts-{processes}.jsonl"
         t0 = time.perf_counter()
         collect = subprocess.Popen(
@@ -93,7 +83,7 @@ def run_once(url: str, rows: Path, out_dir: Path, processes: int, args: argparse
                 str(args.concurrency),
                 "--no-progress",
             ],
-            env=env,
+            env=workers.env,
             cwd=ROOT,
         )
         _, status, usage = os.wait4(collect.pid, 0)
@@ -114,9 +104,7 @@ def run_once(url: str, rows: Path, out_dir: Path, processes: int, args: argparse
             "output_mib": out.stat().st_size / 2**20,
         }
     finally:
-        stop_all([workers], timeout_s=60)
-        log.close()
-        r.close()
+        workers.close()
         delete_namespace(url, namespace)
 
 

@@ -2,7 +2,8 @@
 
 Every benchmark runs real `python -m farm worker` children in a namespace of its own
 (`bench-<uuid>`), waits until each has written its heartbeat so start-up is not timed, and
-deletes the namespace's keys afterwards; this module is that part, written once.
+deletes the namespace's keys afterwards; this module is that part. The children are started,
+watched and stopped by `workers.supervise.stack.LocalStack`, as `farm up` starts its own.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import redis
 
-from workers.supervise.up import worker_command
+from farm.errors import FarmError
+from farm.settings import load_settings
+from workers.supervise.stack import LocalStack, Pool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,15 +43,9 @@ def delete_namespace(url: str, namespace: str) -> int:
         client.close()
 
 
-def stop_all(children: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
-    """SIGTERM (a worker's graceful drain) to every child, then a kill for any still running after timeout_s."""
-    from workers.supervise.up import stop_all as stop
-
-    stop(children, timeout_s)
-
-
 class WorkerPool:
-    """P separate `python -m farm worker --processes 1` children, as a deployment would run them.
+    """P separate `python -m farm worker --processes 1` children, as a deployment would run them: a
+    `LocalStack` on the benchmark's Redis, with nothing else started.
 
     Each child logs to `log_dir/worker-<label>-<i>.log`; `env` adds to the children's environment
     (the policy's address, a config file).
@@ -67,52 +63,49 @@ class WorkerPool:
         impl: str | None = None,
         **env: str,
     ):
-        self.env = dict(
-            os.environ,
-            FARM_REDIS_URL=url,
-            FARM_NAMESPACE=namespace,
-            FARM_LOG_LEVEL="WARNING",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            **env,
+        settings = load_settings(env={}, overrides={"redis_url": url, "namespace": namespace})
+        self.labels = [f"{label}-{i}" for i in range(processes)]
+        self.stack = LocalStack(
+            settings,
+            [Pool(agent, 1, concurrency, impl, label=name) for name in self.labels],
+            env={
+                "FARM_LOG_LEVEL": "WARNING",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                **env,
+            },
+            log_dir=log_dir,
+            cwd=ROOT,
+            stop_timeout_s=30.0,
         )
-        self.cmd = worker_command(agent, 1, concurrency, impl)
-        self.processes, self.log_dir, self.label = processes, log_dir, label
-        self.children: list[subprocess.Popen] = []
-
-    def log(self, i: int) -> Path:
-        return self.log_dir / f"worker-{self.label}-{i}.log"
 
     def __enter__(self) -> "WorkerPool":
-        for i in range(self.processes):
-            with open(self.log(i), "wb") as log:
-                self.children.append(
-                    subprocess.Popen(
-                        self.cmd, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-                    )
-                )
+        self.stack.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        stop_all(self.children)
+        self.stack.close()
+
+    @property
+    def children(self) -> list[subprocess.Popen]:
+        return self.stack.procs
 
     @property
     def pids(self) -> list[int]:
         return [c.pid for c in self.children]
 
     def check(self) -> None:
-        for i, c in enumerate(self.children):
+        for label, c in zip(self.labels, self.children):
             if c.poll() is not None:
-                tail = self.log(i).read_text(errors="replace")[-2000:]
-                raise SystemExit(f"worker {i} exited with {c.returncode}:\n{tail}")
+                log = self.stack.log_path(label)
+                tail = log.read_text(errors="replace")[-2000:] if log else ""
+                raise SystemExit(f"worker {label} exited with {c.returncode}:\n{tail}")
 
-    async def ready(self, client, timeout_s: float = 60.0, every_s: float = 0.1) -> None:
-        """Until every worker has written its heartbeat (after its agent loads), so all of them share the load."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.check()
-            live = [k async for k in client.r.scan_iter(match=client.keys.worker_pattern(), count=100)]
-            if len(live) >= self.processes:
-                return
-            if time.monotonic() > deadline:
-                raise SystemExit(f"only {len(live)} of {self.processes} workers came up in {timeout_s:.0f}s")
-            await asyncio.sleep(every_s)
+    async def ready(self, client=None, timeout_s: float = 60.0, every_s: float = 0.1) -> None:
+        """Until every worker has written its heartbeat (after its agent loads), so all of them share the load.
+
+        `client` is not needed (the stack reads the heartbeats itself); callers still pass theirs."""
+        try:
+            await asyncio.to_thread(self.stack.wait_live, timeout_s, every_s)
+        except FarmError as exc:
+            self.check()  # a child that exited: its log's tail
+            raise SystemExit(str(exc)) from exc

@@ -106,6 +106,7 @@ def start(a, out: Path):
     from envs.sdk import load_env
     from farm.settings import load_settings
     from workers.policy.serving import PolicyServer, default_cache, prepare_model
+    from workers.supervise.stack import policy_env
 
     model_dir = prepare_model(default_cache())
     redis_url = os.environ.get("FARM_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -125,9 +126,7 @@ def start(a, out: Path):
         FARM_REDIS_URL=redis_url,
         FARM_NAMESPACE=settings.namespace,
         PYTHONPATH=str(ROOT),
-        FARM_POLICY_URLS=server.url,
-        FARM_POLICY_MODEL=server.served_model_name,
-        FARM_POLICY_TOKENIZER=str(model_dir),
+        **policy_env(server.url, server.served_model_name, model_dir),
         FARM_CONFIG=str(out / "workers.yaml"),
     )
     log = open(out / "worker.log", "w")

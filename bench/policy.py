@@ -67,6 +67,7 @@ from farm.schema import Sampling, Status  # noqa: E402
 from farm.settings import load_settings  # noqa: E402
 from workers.policy.chat import ChatTokenizer, chat_tools, input_messages  # noqa: E402
 from workers.policy.serving import PolicyServer, default_cache, prepare_model  # noqa: E402
+from workers.supervise.stack import policy_env  # noqa: E402
 
 AGENT = "bench_weather"
 TARGET_RATIO = 0.95
@@ -225,9 +226,7 @@ async def bench_concurrency(
             log_dir,
             f"c{per_process}",
             FARM_CONFIG=str(config),
-            FARM_POLICY_URLS=server.url,
-            FARM_POLICY_MODEL=server.served_model_name,
-            FARM_POLICY_TOKENIZER=str(server.model_dir),
+            **policy_env(server.url, server.served_model_name, server.model_dir),
         ) as workers:
             client = FarmClient(settings)
             try:

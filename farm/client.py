@@ -18,7 +18,6 @@ missing rollout for a zero reward. Every Redis call goes through the client's Ou
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import defaultdict
@@ -32,6 +31,7 @@ from farm.errors import ConfigError, SchemaError
 from farm.keys import Keys
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
+from farm.state import live_workers_async
 from farm.streams import ensure_group
 from farm.transport import Outage
 
@@ -293,15 +293,7 @@ class FarmClient:
         """Agents with at least one live worker (their heartbeats have not expired)."""
 
         async def read() -> set[str]:
-            keys = [k async for k in self.r.scan_iter(match=self.keys.worker_pattern(), count=500)]
-            beats = await self.r.mget(keys) if keys else []
-            agents = set()
-            for raw in beats:
-                try:
-                    agents.add(json.loads(raw or b"")["agent"])
-                except (TypeError, ValueError, KeyError):
-                    continue
-            return agents
+            return (await live_workers_async(self.r, self.keys)).agents()
 
         return await self.outage.call(read, "reading worker heartbeats")
 

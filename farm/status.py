@@ -3,42 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any, Optional
 
 import redis
 
-from farm.keys import GROUP, Keys, text
+from farm import state
+from farm.keys import Keys
 
 
 def collect_status(r: redis.Redis, keys: Keys) -> dict:
-    agents = sorted(text(a) for a in r.smembers(keys.agents()))
-    out: dict[str, Any] = {"agents": {}, "workers": []}
-    for agent in agents:
-        stream = keys.tasks(agent)
-        row: dict[str, Any] = {
-            "length": r.xlen(stream),
-            "pending": 0,
-            "lag": None,
-            "consumers": 0,
-            "delayed": r.zcard(keys.delayed(agent)),
-            "dead": r.xlen(keys.dead(agent)),
-        }
-        try:
-            for g in r.xinfo_groups(stream):
-                if text(g["name"]) == GROUP:
-                    row.update(pending=g["pending"], consumers=g["consumers"], lag=g.get("lag"))
-        except redis.ResponseError:
-            pass  # no stream yet
-        row["counters"] = {text(k): int(v) for k, v in r.hgetall(keys.stats(agent)).items()}
-        out["agents"][agent] = row
-    for key in r.scan_iter(match=keys.worker_pattern(), count=500):
-        raw = r.get(key)
-        if raw:
-            try:
-                out["workers"].append(json.loads(raw))
-            except ValueError:
-                out["workers"].append({"worker_id": text(key), "error": "unreadable heartbeat"})
-    return out
+    """Per agent its queue (farm.state.QueueState's fields), and the live workers."""
+    return {
+        "agents": {agent: asdict(state.queue(r, keys, agent)) for agent in state.agents(r, keys)},
+        "workers": state.live_workers(r, keys).listing(),
+    }
 
 
 def _n(value: Any) -> str:

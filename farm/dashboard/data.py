@@ -15,56 +15,31 @@ from typing import Any, Optional
 import msgspec
 import redis
 
-from farm import history, schema
+from farm import history, schema, state
 from farm.deadletters import STREAM_ID
 from farm.errors import SchemaError
-from farm.keys import GROUP, Keys, text
+from farm.keys import Keys, text
 
 OVERVIEW_MINUTES = 5  # the window of the overview's rates, percentiles and means
 
 
 def workers(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
-    """Live workers from their heartbeats (they expire with a worker that is gone)."""
-    names = list(r.scan_iter(match=keys.worker_pattern(), count=500))
-    out = []
-    for raw in r.mget(names) if names else []:
-        if raw:
-            try:
-                info = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(info, dict):
-                out.append(info)
-    return sorted(out, key=lambda w: (str(w.get("agent")), str(w.get("worker_id"))))
+    """Live workers from their heartbeats (they expire with a worker that is gone), by (agent, worker_id)."""
+    return state.live_workers(r, keys).beats
 
 
 def _queue(r: redis.Redis, keys: Keys, agent: str) -> dict[str, Any]:
-    stream = keys.tasks(agent)
-    pipe = r.pipeline(transaction=False)
-    pipe.xlen(stream)
-    pipe.zcard(keys.delayed(agent))
-    pipe.xlen(keys.dead(agent))
-    pipe.hgetall(keys.stats(agent))
-    length, delayed, dead, stats = pipe.execute()
-    # Without a consumer group yet (no worker ever read the stream) every entry is waiting.
-    row: dict[str, Any] = {
-        "queued": int(length),
-        "in_flight": 0,
-        "lag": int(length),
-        "delayed": int(delayed),
-        "dead": int(dead),
+    """The queue as the overview names it: queued (and lag) is what no worker has taken yet, in_flight
+    what workers hold."""
+    q = state.queue(r, keys, agent)
+    return {
+        "queued": q.waiting,
+        "in_flight": q.pending,
+        "lag": q.waiting,
+        "delayed": q.delayed,
+        "dead": q.dead,
+        "counters": q.counters,
     }
-    try:
-        for g in r.xinfo_groups(stream):
-            if text(g["name"]) == GROUP:
-                lag = g.get("lag")
-                row["in_flight"] = int(g["pending"])
-                row["lag"] = int(lag) if lag is not None else max(0, int(length) - int(g["pending"]))
-                row["queued"] = row["lag"]
-    except redis.ResponseError:
-        pass  # no stream yet
-    row["counters"] = {text(k): int(v) for k, v in stats.items()}
-    return row
 
 
 def history_buckets(r: redis.Redis, keys: Keys, agent: str, minutes: list[int]) -> list[dict[str, float]]:
@@ -79,9 +54,8 @@ def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min
     now = time.time() if now is None else now
     live = workers(r, keys)
     minutes, span = history.window(now, window_min)
-    agents = sorted(text(a) for a in r.smembers(keys.agents()))
     rows = {}
-    for agent in agents:
+    for agent in state.agents(r, keys):
         bucket = history.merge(history_buckets(r, keys, agent, minutes))
         rows[agent] = {
             **_queue(r, keys, agent),

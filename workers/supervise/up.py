@@ -16,34 +16,23 @@ every farm process reads them):
 
 It prints where everything is, keeps the group until SIGINT or SIGTERM (or until a part
 exits, which stops the rest), then stops the pools (they drain), the policy server and the
-embedded Redis, in that order, leaving no process behind. `producer.pools` starts its pools
-through `start_pools` too.
+embedded Redis, in that order, leaving no process behind (`workers.supervise.stack.LocalStack`,
+which `farm collect --embedded`, `farm demo` and the benchmarks start too).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from farm.errors import ConfigError, FarmError
+from farm.errors import ConfigError
 from farm.settings import Settings, read_yaml_mapping
 from farm.transport import redact
-
-
-@dataclass(frozen=True)
-class Pool:
-    agent: str
-    processes: int = 1
-    concurrency: Optional[int] = None
-    impl: Optional[str] = None
+from workers.supervise.stack import LocalStack, Pool, ServePolicy
 
 
 def parse_up(path: str | os.PathLike) -> dict[str, Any]:
@@ -77,143 +66,45 @@ def parse_up(path: str | os.PathLike) -> dict[str, Any]:
     return {"redis": up.get("redis", "embedded"), "policy": policy, "pools": pools, "dashboard": up.get("dashboard")}
 
 
-def worker_command(
-    agent: str, processes: int = 1, concurrency: Optional[int] = None, impl: Optional[str] = None
-) -> list[str]:
-    """The `farm worker` command line of one pool (settings travel as FARM_* variables, never here)."""
-    cmd = [sys.executable, "-m", "farm", "worker", "--agent", agent, "--processes", str(processes)]
-    if concurrency:
-        cmd += ["--concurrency", str(concurrency)]
-    if impl:
-        cmd += ["--impl", impl]
-    return cmd
-
-
-def start_pools(
-    stack: ExitStack, settings: Settings, pools: list[Pool], env: dict[str, str], log_dir: Path, prefix: str = "worker"
-) -> list[subprocess.Popen]:
-    """One `farm worker` pool per agent, logging to log_dir; stopped (drained) when the stack closes.
-
-    With a health_port set, each worker process gets a port of its own: the pools' processes take
-    health_port, health_port + 1, ... in order (one pool's slots are its base + 0..P-1)."""
-    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    procs: list[subprocess.Popen] = []
-    stack.callback(stop_all, procs)
-    offset = 0
-    for pool in pools:
-        cmd = worker_command(pool.agent, pool.processes, pool.concurrency, pool.impl)
-        pool_env = dict(env)
-        if settings.health_port:
-            pool_env["FARM_HEALTH_PORT"] = str(settings.health_port + offset)
-            offset += pool.processes
-        out = open(log_dir / f"{prefix}-{pool.agent}.log", "ab")
-        stack.callback(out.close)
-        procs.append(subprocess.Popen(cmd, env=pool_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-    return procs
-
-
-def wait_for_workers(
-    settings: Settings, n: int, procs: list[subprocess.Popen], log_dir: Path, timeout_s: float = 120.0
-) -> None:
-    from farm.connection import connect_sync
-    from farm.transport import errors
-
-    r = connect_sync(settings)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            with errors(settings.redis_url):
-                up = len(list(r.scan_iter(match=settings.keys.worker_pattern())))
-            if up >= n:
-                return
-            for p in procs:
-                if p.poll() is not None:
-                    raise FarmError(
-                        f"`{' '.join(p.args[2:])}` exited with {p.returncode} before it was ready (log in {log_dir})"
-                    )
-            if time.monotonic() > deadline:
-                raise FarmError(f"{n} workers not up after {timeout_s:.0f}s (logs in {log_dir})")
-            time.sleep(0.1)
-    finally:
-        r.close()
-
-
-def stop_all(procs: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
-    """SIGTERM (a worker's graceful drain) to every child, then SIGKILL to any still running after timeout_s
-    (to its whole process group when it leads one: a pool's own children go with it)."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            try:
-                if os.getpgid(p.pid) == p.pid:
-                    os.killpg(p.pid, signal.SIGKILL)
-                else:
-                    p.kill()
-            except ProcessLookupError:
-                pass
-            p.wait()
-
-
 def run_up(settings: Settings, path: str | os.PathLike) -> int:
-    from farm.embedded import ensure_redis
-
     plan = parse_up(path)
     if plan["redis"] == "external" and not settings.redis_url:
         raise ConfigError(f"{path}: up.redis is external but no redis_url is set")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    lines: list[str] = []
-    with ExitStack() as stack:
-        s = stack.enter_context(ensure_redis(settings))
-        lines.append(f"redis     {redact(s.redis_url)}  namespace {s.namespace!r}")
-        env = dict(os.environ, FARM_REDIS_URL=s.redis_url, FARM_NAMESPACE=s.namespace, FARM_CONFIG=str(path))
-        policy = plan["policy"]
-        if policy.get("serve"):
-            from workers.policy.serving import PolicyServer, default_cache, prepare_model
-
-            model = Path(policy["model"]) if policy.get("model") else prepare_model(default_cache())
-            server = stack.enter_context(
-                PolicyServer(
-                    model,
-                    port=int(policy.get("port", 8000)),
-                    max_model_len=int(policy.get("max_model_len", 2048)),
-                    log_path=s.data_path / "logs" / "vllm-up.log",
-                )
-            )
-            env.update(
-                FARM_POLICY_URLS=server.url,
-                FARM_POLICY_MODEL=server.served_model_name,
-                FARM_POLICY_TOKENIZER=str(model),
-            )
-            lines.append(f"policy    {server.openai_url}  model {server.served_model_name}")
+    policy = plan["policy"]
+    serve = None
+    if policy.get("serve"):
+        serve = ServePolicy(
+            Path(policy["model"]) if policy.get("model") else None,
+            port=int(policy.get("port", 8000)),
+            max_model_len=int(policy.get("max_model_len", 2048)),
+            log_name="vllm-up.log",
+        )
+    pools = plan["pools"]
+    with LocalStack(settings, pools, policy=serve, env={"FARM_CONFIG": str(path)}, log_prefix="up") as stack:
+        s = stack.settings
+        lines = [f"redis     {redact(s.redis_url)}  namespace {s.namespace!r}"]
+        if stack.policy_server is not None:
+            lines.append(f"policy    {stack.policy_server.openai_url}  model {stack.policy_server.served_model_name}")
         elif s.policy_urls:
             lines.append(f"policy    {', '.join(s.policy_urls)} (configured)")
-        log_dir = s.data_path / "logs"
-        procs = start_pools(stack, s, plan["pools"], env, log_dir, prefix="up")
         dashboard = plan["dashboard"]
         if dashboard:
             port = int((dashboard if isinstance(dashboard, dict) else {}).get("port", 8600))
-            out = open(log_dir / "up-dashboard.log", "ab")
-            stack.callback(out.close)
-            cmd = [sys.executable, "-m", "farm", "dashboard", "--port", str(port)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            stack.spawn([sys.executable, "-m", "farm", "dashboard", "--port", str(port)], "dashboard")
             lines.append(f"dashboard http://127.0.0.1:{port}/  (metrics at /metrics)")
-        wait_for_workers(s, sum(p.processes for p in plan["pools"]), procs, log_dir)
-        for pool in plan["pools"]:
+        for pool in pools:
             lines.append(
                 f"workers   {pool.agent}: {pool.processes} process(es)"
                 + (f" x {pool.concurrency}" if pool.concurrency else "")
-                + f"  (log {log_dir}/up-{pool.agent}.log)"
+                + f"  (log {stack.log_path(pool.agent)})"
             )
         print("farm up:\n  " + "\n  ".join(lines) + "\nCtrl-C stops everything.", flush=True)
         code = 0
         while not stop.is_set():
-            for p in procs:
+            for p in stack.procs:
                 if p.poll() is not None:
                     print(
                         f"farm up: `{' '.join(p.args[2:])}` exited with {p.returncode}; stopping the rest",
