@@ -3,7 +3,7 @@
 {ns}:tasks:{agent}      stream of Tasks, consumer group GROUP
 {ns}:delayed:{agent}    zset of retries waiting out their backoff (score = due time)
 {ns}:dead:{agent}       stream of dead letters (entry + reason)
-{ns}:stats:{agent}      hash of counters: done, failed, retried, dead, duplicate
+{ns}:stats:{agent}      hash of counters: done, failed, retried, dead
 {ns}:results:{run}      stream of Rollouts for one run (a task's reply_to; nothing else may be)
 {ns}:dead-results       stream of result entries a consumer could not decode (entry + reason)
 {ns}:hist:{agent}:{min} hash of one minute's history of an agent (farm.history; expires)

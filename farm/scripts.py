@@ -6,11 +6,18 @@ another worker that reclaimed it), so running a script twice never duplicates a 
 then writes the rollout (or retry, or dead letter) and acknowledges the task only once that
 write succeeded: a write that fails (out of memory, a key of the wrong type) leaves the task
 pending, to be delivered again, never lost. Keys touched are all passed in KEYS, as Redis requires.
+
+A settle travels as a SettleOp: the script's keys and args in the layout documented beside it,
+built in one place (farm.streams.AgentStream), together with the outcome they stand for, which
+the Settler counts only once the script has answered that it settled the task.
 """
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any, Literal, Optional
+
+import msgspec
 
 # Settle one task: write what it produced, then acknowledge it, in one script, so a task is
 # never acknowledged unless its rollout (or dead letter) was written.
@@ -154,3 +161,35 @@ SOURCES = {
     "release": RELEASE,
 }
 SHAS = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in SOURCES.items()}
+
+# SETTLE's and RETRY's answers besides SETTLE's refused reply streams (-1, -2).
+SETTLED, NOT_PENDING = 1, 0
+
+
+# What a settle makes of its task once the script settled it: the stats field the script
+# increments, and the worker counter of the same name the Settler moves.
+Outcome = Literal["done", "failed", "dead", "retried"]
+
+
+class HistoryCount(msgspec.Struct, frozen=True, kw_only=True):
+    """A settle's increments to its minute's history bucket (farm.history), added once it acknowledged."""
+
+    bucket: str  # the bucket's key
+    stream: str  # the task stream, whose length the bucket notes
+    ttl_s: int
+    increments: dict[str, float]
+
+
+class SettleOp(msgspec.Struct, frozen=True, kw_only=True):
+    """One task's settle step: the script to run with its keys and args (laid out as its comment
+    above says), and what it stands for, read by name by the Settler once Redis has answered. A
+    Struct, not a dataclass: one is built per task, and a frozen Struct costs a tenth as much."""
+
+    script: Literal["settle", "retry"]
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+    entry_id: str
+    agent: str
+    outcome: Outcome
+    kind: str  # why the task failed (the ErrorKind of a failed rollout, retry or dead letter); '' when it did not
+    history: Optional[HistoryCount] = None

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from typing import Any, Iterable, Optional
 
 import redis.asyncio as aioredis
@@ -23,7 +24,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from farm import history, schema
 from farm.history import Recording
 from farm.keys import GROUP, Keys, text
-from farm.scripts import SHAS, SOURCES
+from farm.scripts import NOT_PENDING, SETTLED, SHAS, SOURCES, HistoryCount, Outcome, SettleOp
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage, mapped
 
@@ -160,21 +161,22 @@ class AgentStream:
             await load_scripts(self.r)
             return await self.r.evalsha(SHAS[name], len(keys), *keys, *args)
 
-    # Settle operations: (script name, keys, args), executed by the Settler.
+    # Settle operations, run by the Settler; the argument layouts are the scripts' (farm.scripts).
     def settle_op(
         self,
         entry_id: str,
-        stat: str,
+        outcome: Outcome,
+        kind: str,
         appends: Iterable[tuple],
         reply_to: Optional[str] = None,
         bucket: Optional[dict[str, float]] = None,
-    ) -> tuple:
+    ) -> SettleOp:
         """SETTLE for one entry. `appends`: (stream, fields) or (stream, fields, maxlen, dropped-stat);
         `reply_to`, when given, is the first appended stream and is checked by the script; `bucket`
         (this minute's history increments, farm.history) rides along for the Settler, which adds
         it once the settle has acknowledged the task."""
         keys = [self.stream, self.stats]
-        args: list = [GROUP, entry_id, stat, self.keys.results_prefix(), 3 if reply_to is not None else 0]
+        args: list = [GROUP, entry_id, outcome, self.keys.results_prefix(), 3 if reply_to is not None else 0]
         appends = list(appends)
         if reply_to is not None:
             assert appends and appends[0][0] == reply_to, "the reply is the first appended stream"
@@ -184,8 +186,20 @@ class AgentStream:
             args += [len(fields), maxlen, dropstat]
             for k, v in fields.items():
                 args += [k, v]
-        counts = (self._bucket_key(), self.stream, self.rec.ttl_s, bucket) if bucket and self.rec.history else None
-        return ("settle", keys, args, counts)
+        counts = None
+        if bucket and self.rec.history:
+            key = self._bucket_key()
+            counts = HistoryCount(bucket=key, stream=self.stream, ttl_s=self.rec.ttl_s, increments=bucket)
+        return SettleOp(
+            script="settle",
+            keys=tuple(keys),
+            args=tuple(args),
+            entry_id=entry_id,
+            agent=self.agent,
+            outcome=outcome,
+            kind=str(kind),
+            history=counts,
+        )
 
     def _bucket_key(self) -> str:
         """This minute's history bucket (the key is built once a minute, not once a settle)."""
@@ -194,22 +208,31 @@ class AgentStream:
             self._bucket = (now, self.keys.history(self.agent, now))
         return self._bucket[1]
 
-    def reply_op(self, entry_id: str, rollout: schema.Rollout, reply_to: str, fields: Optional[dict] = None) -> tuple:
+    def reply_op(
+        self, entry_id: str, rollout: schema.Rollout, reply_to: str, fields: Optional[dict] = None
+    ) -> SettleOp:
         """SETTLE with the rollout; `fields` is its entry when the caller has encoded it already.
         One rollout in `sample_every` is also kept in the agent's capped sample stream."""
-        stat = "done" if rollout.ok else "failed"
         fields = fields or schema.entry(rollout)
         appends: list[tuple] = [(reply_to, fields)]
         if self.rec.sample_every and random.random() * self.rec.sample_every < 1:
             appends.append((self.keys.samples(self.agent), fields, self.rec.sample_keep, ""))
         bucket = history.increments(rollout, self.rec.pass_threshold)
-        return self.settle_op(entry_id, stat, appends, reply_to=reply_to, bucket=bucket)
+        if rollout.ok:
+            return self.settle_op(entry_id, "done", "", appends, reply_to=reply_to, bucket=bucket)
+        kind = str(rollout.error.kind) if rollout.error is not None else "unknown"
+        return self.settle_op(entry_id, "failed", kind, appends, reply_to=reply_to, bucket=bucket)
 
-    def retry_op(self, entry_id: str, task: schema.Task, due: float) -> tuple:
-        return (
-            "retry",
-            [self.stream, self.keys.delayed(self.agent), self.stats],
-            [GROUP, entry_id, due, schema.encode(task)],
+    def retry_op(self, entry_id: str, task: schema.Task, due: float, kind: str) -> SettleOp:
+        """RETRY: the task (its next attempt) into the delayed set until `due`; `kind` is why the attempt failed."""
+        return SettleOp(
+            script="retry",
+            keys=(self.stream, self.keys.delayed(self.agent), self.stats),
+            args=(GROUP, entry_id, due, schema.encode(task)),
+            entry_id=entry_id,
+            agent=self.agent,
+            outcome="retried",
+            kind=str(kind),
         )
 
     def dead_op(
@@ -220,7 +243,7 @@ class AgentStream:
         reason: str,
         attempts: int,
         reply: Optional[tuple[str, schema.Rollout]] = None,
-    ) -> tuple:
+    ) -> SettleOp:
         """SETTLE as a dead letter (capped at dead_maxlen, what is trimmed counted as `dead_dropped`)."""
         letter = {
             "v": fields.get(b"v", b""),
@@ -235,11 +258,11 @@ class AgentStream:
         }
         appends: list[tuple] = [(self.keys.dead(self.agent), letter, self.rec.dead_maxlen, "dead_dropped")]
         if reply is None:
-            return self.settle_op(entry_id, "dead", appends, bucket={"failed": 1, f"fail:{kind}": 1})
+            return self.settle_op(entry_id, "dead", kind, appends, bucket={"failed": 1, f"fail:{kind}": 1})
         # The reply goes first: a bad reply_to is found before the dead letter is written.
         bucket = history.increments(reply[1], self.rec.pass_threshold)
         reply_append = (reply[0], schema.entry(reply[1]))
-        return self.settle_op(entry_id, "dead", [reply_append, *appends], reply_to=reply[0], bucket=bucket)
+        return self.settle_op(entry_id, "dead", kind, [reply_append, *appends], reply_to=reply[0], bucket=bucket)
 
 
 class Settler:
@@ -250,6 +273,12 @@ class Settler:
     retried by the Outage; the scripts are idempotent, so replaying a batch whose reply was
     lost is safe. A script that fails inside Redis fails only its own task, mapped to the
     farm's error.
+
+    The worker's counters move here, by what the script answered, never by what the worker
+    meant to do: a settle that settled its task counts as its outcome (done, failed, dead,
+    retried), one that found its task already settled counts only as a `duplicate`, one that
+    failed as `unsettled` (the task stays pending), and one whose reply stream was refused not
+    at all (the dead letter that replaces it counts).
 
     The history (farm.history) costs no round trip and no work per task: the increments of the
     settles that acknowledged (result 1) are summed per bucket, and each bucket's sum rides in
@@ -262,8 +291,9 @@ class Settler:
 
     FLUSH_S = 1.0
 
-    def __init__(self, r: aioredis.Redis, outage: Outage, max_batch: int = 512):
+    def __init__(self, r: aioredis.Redis, outage: Outage, counters: Optional[Counter] = None, max_batch: int = 512):
         self.r, self.outage, self.max_batch = r, outage, max_batch
+        self.counters: Counter = Counter() if counters is None else counters
         self.queue: asyncio.Queue = asyncio.Queue()
         self._task: Optional[asyncio.Task] = None
         self._counts: dict[tuple[str, str, int], dict[str, float]] = {}
@@ -271,7 +301,7 @@ class Settler:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="settler")
 
-    async def run(self, op: tuple) -> int:
+    async def run(self, op: SettleOp) -> int:
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put((op, fut))
         return await fut
@@ -285,7 +315,7 @@ class Settler:
             except Exception as exc:  # noqa: BLE001 - history only; the settles themselves are done
                 log.warning("could not write the last history counts: %s", exc)
 
-    async def _next(self) -> Optional[tuple]:
+    async def _next(self) -> Optional[tuple[SettleOp, asyncio.Future]]:
         if not self._counts:
             return await self.queue.get()
         try:
@@ -305,14 +335,13 @@ class Settler:
                 results = await self.outage.call(lambda: self._execute(ops, counts), "settling rollouts")
             except Exception as exc:  # TransportError after the bounded retries: tasks stay pending
                 self._add_counts(counts)
+                self.counters["unsettled"] += len(batch)
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
             for (op, fut), res in zip(batch, results):
-                if res == 1 and len(op) > 3 and op[3] is not None:
-                    key, stream, ttl, inc = op[3]
-                    self._add_counts({(key, stream, ttl): inc})
+                self._count(op, res)
                 if fut.done():
                     continue
                 if isinstance(res, Exception):
@@ -320,27 +349,42 @@ class Settler:
                 else:
                     fut.set_result(res)
 
+    def _count(self, op: SettleOp, res: Any) -> None:
+        """Count one settle by the script's answer (see the class docstring)."""
+        if isinstance(res, Exception):
+            self.counters["unsettled"] += 1
+        elif res == SETTLED:
+            self.counters[op.outcome] += 1
+            if op.history is not None:
+                h = op.history
+                self._add_bucket((h.bucket, h.stream, h.ttl_s), h.increments)
+        elif res == NOT_PENDING:
+            self.counters["duplicate"] += 1
+
     def _add_counts(self, counts: dict[tuple[str, str, int], dict[str, float]]) -> None:
         for bucket, inc in counts.items():
-            total = self._counts.setdefault(bucket, {})
-            for k, v in inc.items():
-                total[k] = total.get(k, 0) + v
+            self._add_bucket(bucket, inc)
+
+    def _add_bucket(self, bucket: tuple[str, str, int], inc: dict[str, float]) -> None:
+        total = self._counts.setdefault(bucket, {})
+        for k, v in inc.items():
+            total[k] = total.get(k, 0) + v
 
     def _take_counts(self) -> dict[tuple[str, str, int], dict[str, float]]:
         counts, self._counts = self._counts, {}
         return counts
 
-    async def _execute(self, ops: list[tuple], counts: dict) -> list:
+    async def _execute(self, ops: list[SettleOp], counts: dict) -> list:
         results = await self._pipeline(ops, counts)
         if any(isinstance(x, NoScriptError) for x in results):
             await load_scripts(self.r)  # Redis restarted and lost its script cache
             results = await self._pipeline(ops, counts)
         return results[: len(ops)]
 
-    async def _pipeline(self, ops: list[tuple], counts: dict) -> list:
+    async def _pipeline(self, ops: list[SettleOp], counts: dict) -> list:
         pipe = self.r.pipeline(transaction=False)
-        for name, keys, args, *_ in ops:
-            pipe.evalsha(SHAS[name], len(keys), *keys, *args)
+        for op in ops:
+            pipe.evalsha(SHAS[op.script], len(op.keys), *op.keys, *op.args)
         for (key, stream, ttl), inc in counts.items():
             args = [ttl]
             for k, v in inc.items():

@@ -249,12 +249,11 @@ async def consumer_with_tasks(settings: Settings, n: int = 1, consumer: str = "c
 
 
 async def run_script(r, op) -> object:
-    """Run one settle operation (name, keys, args[, history counts]) in a single EVALSHA (the
-    Settler also adds the history counts of the settles that acknowledged; see farm.streams)."""
+    """Run one settle operation (a farm.scripts.SettleOp) in a single EVALSHA, counting nothing (the
+    Settler also counts it and adds its history counts once it acknowledged; see farm.streams)."""
     from farm.scripts import SHAS
 
-    name, keys, args, *_ = op
-    return await r.evalsha(SHAS[name], len(keys), *keys, *args)
+    return await r.evalsha(SHAS[op.script], len(op.keys), *op.keys, *op.args)
 
 
 @contextlib.asynccontextmanager

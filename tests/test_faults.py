@@ -251,18 +251,16 @@ def test_a_failed_write_leaves_the_task_pending(tmp_path):
     for src in SOURCES.values():
         r.script_load(src)
     fake = AgentStream(None, settings.keys, "noop", "c1", Outage.for_settings(settings))
-    name, keys, args, _ = fake.reply_op(
-        entry_id.decode(), schema.Rollout.for_task(task, status=Status.ok), task.reply_to
-    )
+    op = fake.reply_op(entry_id.decode(), schema.Rollout.for_task(task, status=Status.ok), task.reply_to)
     before = r.config_get("maxmemory")["maxmemory"]
     r.config_set("maxmemory", 1)
     try:
         with pytest.raises(Exception, match="OOM"):
-            r.evalsha(SHAS[name], len(keys), *keys, *args)
+            r.evalsha(SHAS[op.script], len(op.keys), *op.keys, *op.args)
     finally:
         r.config_set("maxmemory", before)
     assert r.xpending(stream, GROUP)["pending"] == 1 and r.xlen(stream) == 1
-    assert r.evalsha(SHAS[name], len(keys), *keys, *args) == 1
+    assert r.evalsha(SHAS[op.script], len(op.keys), *op.keys, *op.args) == 1
     r.close()
     server.stop()
 

@@ -109,10 +109,11 @@ async def test_a_settle_replayed_or_done_elsewhere_is_counted_once(settings, syn
     assert await settler.run(other) == 0
     await settler.close()  # writes the counts it still holds
     await r.aclose()
-    bucket = decode_bucket(sync_redis.hgetall(op[3][0]))
+    assert op.history is not None
+    bucket = decode_bucket(sync_redis.hgetall(op.history.bucket))
     assert bucket["done"] == 1.0 and bucket["reward_n"] == 1.0 and bucket["reward_sum"] == 1.0
     assert bucket["depth"] == 1.0, "the second task still waited when the first one's count was written"
-    assert 0 < sync_redis.ttl(op[3][0]) <= settings.history_ttl_s
+    assert 0 < sync_redis.ttl(op.history.bucket) <= settings.history_ttl_s
 
 
 async def test_dead_letters_are_capped_and_the_dropped_ones_counted(redis_url, namespace):

@@ -250,7 +250,7 @@ async def test_stop_drains_in_flight_and_hands_back_the_rest(redis_url, namespac
 
 async def test_retry_waits_in_the_delayed_set_and_comes_back(settings, sync_redis):
     r, stream, [task], [entry_id] = await consumer_with_tasks(settings)
-    op = stream.retry_op(entry_id, msgspec.structs.replace(task, attempt=2), time.time() + 0.3)
+    op = stream.retry_op(entry_id, msgspec.structs.replace(task, attempt=2), time.time() + 0.3, "timeout")
     assert await run_script(r, op) == 1
     assert sync_redis.zcard(settings.keys.delayed("noop")) == 1
     assert await stream.promote() == 0  # not due yet

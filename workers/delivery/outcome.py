@@ -5,7 +5,8 @@ reply_to is not a result stream is dead-lettered with the reason; one delivered 
 max_attempts, or whose deadline passed, ends without running; otherwise the agent runs under the
 attempt's time limit, and its Rollout, or its failure, becomes a reply, a retry after a
 jittered backoff, or a dead letter once the attempts are spent. A rollout too large for any
-consumer becomes a failure that says so. Nothing here touches Redis: the Settler runs the op.
+consumer becomes a failure that says so. Nothing here touches Redis or counts anything: the
+Settler runs the op, and counts it by what the script answered, not by what was decided here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from typing import Optional
 
 import msgspec
@@ -21,6 +21,7 @@ import msgspec
 from farm import schema
 from farm.errors import RolloutFailure, SchemaError
 from farm.schema import ErrorKind, Rollout, Task
+from farm.scripts import SettleOp
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream
 from farm.transport import backoff_delay
@@ -30,27 +31,24 @@ log = logging.getLogger("farm.worker")
 
 
 class Outcomes:
-    """Settle operations for one worker's entries; counts what it decides in the worker's counters."""
+    """Settle operations for one worker's entries; the Settler counts them once Redis has answered."""
 
-    def __init__(self, settings: Settings, stream: AgentStream, agent: Agent, ctx: AgentContext, counters: Counter):
+    def __init__(self, settings: Settings, stream: AgentStream, agent: Agent, ctx: AgentContext):
         self.settings = settings
         self.stream = stream
         self.agent = agent
         self.ctx = ctx
         self.worker_id = ctx.worker_id
-        self.counters = counters
 
-    async def of(self, entry_id: str, fields: dict, deliveries: int, picked: float) -> tuple:
+    async def of(self, entry_id: str, fields: dict, deliveries: int, picked: float) -> SettleOp:
         s = self.settings
         st = self.stream
         try:
             task = schema.decode_task(fields, s.max_entry_bytes)
         except SchemaError as exc:
-            self.counters["dead"] += 1
             log.error("dead-lettering unreadable entry", extra={"entry": entry_id, "reason": str(exc)})
             return st.dead_op(entry_id, fields, exc.kind, str(exc), deliveries, self._salvage_reply(fields, exc))
         if not s.keys.is_result_stream(task.reply_to):
-            self.counters["dead"] += 1
             reason = f"reply_to {task.reply_to[:200]!r} {BAD_REPLY[-1]} ({s.keys.results_prefix()}RUN)"
             log.error("dead-lettering task", extra={"task_id": task.task_id, "kind": "bad_reply_to", "reason": reason})
             return st.dead_op(entry_id, fields, ErrorKind.bad_reply_to, reason, deliveries)
@@ -69,7 +67,6 @@ class Outcomes:
                 attempt,
                 picked,
             )
-            self.counters["failed"] += 1
             return st.reply_op(entry_id, rollout, task.reply_to)
 
         limit = s.task_timeout_s
@@ -98,7 +95,6 @@ class Outcomes:
                 entry_id, fields, task, attempt, ErrorKind.agent_error, f"{type(exc).__name__}: {exc}", picked
             )
         rollout, fields = self._fit(self._stamp(rollout, task, attempt, picked), task)
-        self.counters["done" if rollout.ok else "failed"] += 1
         return st.reply_op(entry_id, rollout, task.reply_to, fields)
 
     def _fit(self, rollout: Rollout, task: Task) -> tuple[Rollout, dict]:
@@ -118,24 +114,22 @@ class Outcomes:
         )
         return failed, schema.entry(failed)
 
-    def bad_reply_op(self, entry_id: str, fields: dict, deliveries: int, code: int) -> tuple:
+    def bad_reply_op(self, entry_id: str, fields: dict, deliveries: int, code: int) -> SettleOp:
         """SETTLE refused the reply stream: dead-letter the task with the reason instead (nothing lost)."""
         reply_to = schema.salvage(fields).get("reply_to", "?")
         reason = f"reply_to {str(reply_to)[:200]!r} {BAD_REPLY[code]}"
-        self.counters["dead"] += 1
         log.error("dead-lettering task", extra={"entry": entry_id, "kind": "bad_reply_to", "reason": reason})
         return self.stream.dead_op(entry_id, fields, ErrorKind.bad_reply_to, reason, deliveries)
 
     def _retry_or_give_up(
         self, entry_id: str, fields: dict, task: Task, attempt: int, kind: str, message: str, picked: float
-    ) -> tuple:
+    ) -> SettleOp:
         s = self.settings
         if attempt >= s.max_attempts:
             return self._give_up(
                 entry_id, fields, task, kind, f"failed {attempt} attempts; last: {message}", attempt, picked
             )
         delay = backoff_delay(s.retry_backoff_s, s.retry_backoff_max_s, attempt - 1)
-        self.counters["retried"] += 1
         log.info(
             "retrying task",
             extra={
@@ -147,12 +141,11 @@ class Outcomes:
             },
         )
         retry = msgspec.structs.replace(task, attempt=attempt + 1)
-        return self.stream.retry_op(entry_id, retry, time.time() + delay)
+        return self.stream.retry_op(entry_id, retry, time.time() + delay, kind)
 
     def _give_up(
         self, entry_id: str, fields: dict, task: Task, kind: str, reason: str, attempt: int, picked: float
-    ) -> tuple:
-        self.counters["dead"] += 1
+    ) -> SettleOp:
         log.error("dead-lettering task", extra={"task_id": task.task_id, "kind": str(kind), "reason": reason})
         rollout = self._stamp(Rollout.failure(task, kind, reason), task, attempt, picked)
         return self.stream.dead_op(entry_id, fields, str(kind), reason, attempt, (task.reply_to, rollout))

@@ -8,9 +8,10 @@ refreshes the heartbeat.
 
 Each task ends in exactly one settle step (see farm.streams): a rollout to reply_to, a
 delayed retry with jittered exponential backoff, or, after max_attempts, a dead letter
-plus a `failed` rollout. On SIGTERM/SIGINT the worker stops fetching, lets in-flight
-rollouts finish within the grace period, and hands the rest back (their idle time is set
-past the visibility timeout so other workers take them at once). A second signal skips
+plus a `failed` rollout; the Settler counts it in the worker's counters by what Redis
+answered. On SIGTERM/SIGINT the worker stops fetching, lets in-flight rollouts finish
+within the grace period, and hands the rest back (their idle time is set past the
+visibility timeout so other workers take them at once). A second signal skips
 the grace period; one within SAME_STOP_S of the first is the same stop delivered twice (a
 `--processes` supervisor forwards the SIGTERM or Ctrl-C its process group, or Slurm's step,
 already delivered to every worker), not a second request.
@@ -47,6 +48,7 @@ from farm.errors import (
 )
 from farm.history import Recording
 from farm.policy_version import PolicyVersions
+from farm.scripts import NOT_PENDING
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream, Settler
 from farm.tasks import cancel_and_wait
@@ -145,8 +147,8 @@ class Worker:
         await self.stream.setup()
         self.ctx.versions = PolicyVersions(self.r, self.settings.keys, self.outage)
         await self.ctx.versions.start()
-        self.outcomes = Outcomes(self.settings, self.stream, self.agent, self.ctx, self.counters)
-        self.settler = Settler(self.r, self.outage)
+        self.outcomes = Outcomes(self.settings, self.stream, self.agent, self.ctx)
+        self.settler = Settler(self.r, self.outage, self.counters)
         self.settler.start()
         log.info(
             "worker started",
@@ -295,20 +297,17 @@ class Worker:
     # -- one task ----------------------------------------------------------------------
     async def _handle(self, entry_id: str, fields: dict, deliveries: int, picked: float) -> None:
         try:
-            op = await self.outcomes.of(entry_id, fields, deliveries, picked)
-            settled = await self.settler.run(op)
-            if settled in BAD_REPLY:
-                self.counters[op[2][2]] -= 1  # counted as the refused settle's stat; it becomes a dead letter
+            # The Settler counts each settle by the script's answer (done, duplicate, unsettled, ...).
+            settled = await self.settler.run(await self.outcomes.of(entry_id, fields, deliveries, picked))
+            if settled in BAD_REPLY:  # nothing written: the task becomes a dead letter instead
                 settled = await self.settler.run(self.outcomes.bad_reply_op(entry_id, fields, deliveries, settled))
-            if not settled:
-                self.counters["duplicate"] += 1
+            if settled == NOT_PENDING:
                 log.info("task settled elsewhere; dropped this result", extra={"entry": entry_id})
         except asyncio.CancelledError:
             raise
         except TransportError as exc:
             # Not settled: the entry stays pending and is reclaimed after the visibility timeout.
             log.error("could not settle task %s: %s", entry_id, exc)
-            self.counters["unsettled"] += 1
             if isinstance(exc, (RedisUnavailable, RedisAuthError)):
                 self._fail(exc)
         finally:
