@@ -82,6 +82,9 @@ def run_pool(
             if c is not None and c.poll() is None:
                 c.send_signal(signum)
 
+    kill_at: Optional[float] = None  # Redis is gone: a draining child could settle nothing, so it gets 1 s
+    killed: set[int] = set()  # pids killed for that: their -9 is not the pool's status
+
     def stop_all(why: str) -> None:
         nonlocal stopping
         if not stopping:
@@ -97,6 +100,12 @@ def run_pool(
     while any(c is not None for c in children.values()) or (due and not stopping):
         time.sleep(0.1)
         now = time.monotonic()
+        if kill_at is not None and now >= kill_at:
+            for c in children.values():
+                if c is not None and c.poll() is None:
+                    c.kill()
+                    killed.add(c.pid)
+            kill_at = None
         for slot, at in list(due.items()):
             if now >= at and not stopping:
                 del due[slot]
@@ -106,6 +115,8 @@ def run_pool(
             if code is None:
                 continue
             children[slot] = None
+            if c.pid in killed:
+                continue
             if stopping or code == 0:
                 codes.append(code)
                 continue
@@ -119,6 +130,7 @@ def run_pool(
             if code == EXIT_TRANSPORT and not (redis_ok is not None and redis_ok()):
                 codes.append(code)
                 stop_all(f"worker pid {c.pid} exited with {code}: Redis unavailable past redis_down_max_s")
+                kill_at = now + 1.0  # its tasks stay pending in Redis and are reclaimed once it is back
                 continue
             delay = window.allow(now)
             if delay is None:
