@@ -7,7 +7,7 @@ side by side, in the same run, with the simplest client that could do the same w
 
   farm    the real worker process (tokenizer, chat template, tool call, verifier, Redis in
           and out through farm.client.FarmClient), N = waves x C tasks, against
-          bench/policy_stub.py answering the environment's two turns after L seconds
+          workers/policy/stub answering the environment's two turns after L seconds
           (a Hermes tool call for get_weather, then an answer), with token ids.
   plain   a child process with one aiohttp session (TCPConnector(limit=C)) sending the same
           two /v1/completions bodies per "rollout", C at a time, N rollouts.
@@ -44,30 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import WorkerPool, answers, delete_namespace  # noqa: E402
-from bench.policy_stub import Script, StubProcess  # noqa: E402
+from workers.policy.stub import WEATHER_CALL, Script, StubProcess, weather_rows, weather_script  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-ANSWER = "It is sunny in Paris, 21 degrees."
-
-
-def script_for(tok) -> Script:
-    """The policy's two turns, as token ids ending in EOS (so the worker sees finished turns)."""
-    return Script(
-        token_replies=[tok.encode(CALL) + [tok.eos_id], tok.encode(ANSWER) + [tok.eos_id]],
-        model="stub",
-        max_model_len=4096,
-    )
-
-
-def rows(n: int) -> list[dict]:
-    from envs.single_tool_call import generate
-
-    out = generate(n, seed=0)
-    for r in out:  # every row asks for Paris, so a right rollout earns reward 1
-        r["responses_create_params"]["input"][-1]["content"] = "What is the weather in Paris?"
-        r["expected_city"] = "Paris"
-    return out
 
 
 def plain_bodies(tok, script: Script) -> list[bytes]:
@@ -75,13 +54,13 @@ def plain_bodies(tok, script: Script) -> list[bytes]:
     from envs.single_tool_call import SingleToolCall
     from workers.policy.chat import chat_tools, input_messages
 
-    row = rows(1)[0]
+    row = weather_rows(1)[0]
     env = SingleToolCall()
     history, tools = tok.with_tools(
         input_messages(row["responses_create_params"]), chat_tools([t.schema() for t in env.tools()])
     )
     first = tok.prompt_ids(history, tools)
-    history.append({"role": "assistant", "content": CALL})
+    history.append({"role": "assistant", "content": WEATHER_CALL})
     env_ids = tok.append_ids(history, tools, [{"role": "tool", "content": json.dumps({"city": "Paris"})}])
     second = first + script.token_replies[0] + env_ids
     base = {
@@ -195,7 +174,7 @@ async def farm_round(url: str, stub: StubProcess, model_dir: Path, concurrency: 
             try:
                 await pool.ready(client, timeout_s=120.0)
                 pid = pool.pids[0]
-                tasks = [client.task(run_id="bench", agent="single_tool_call", row=r) for r in rows(n)]
+                tasks = [client.task(run_id="bench", agent="single_tool_call", row=r) for r in weather_rows(n)]
                 cpu0, start = cpu_s(pid), time.perf_counter()
                 _, got = await asyncio.gather(client.submit(tasks), client.collect(tasks, timeout_s=3600))
                 wall, cpu = time.perf_counter() - start, cpu_s(pid) - cpu0
@@ -287,7 +266,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.monotonic()
     model_dir = prepare_model(default_cache())
     tok = ChatTokenizer(str(model_dir))
-    script = script_for(tok)
+    script = weather_script(tok)
     bodies = plain_bodies(tok, script)
     sides = args.sides.split(",")
     results = []

@@ -14,7 +14,7 @@ destination and renamed into place, so a failure never leaves a half-written dat
 
 Checking a row is envs/data_rows.py.
 
-    DataError(ConfigError)    a file with invalid rows (`.errors`: RowError with line numbers),
+    DataError(ConfigError)    a file with invalid rows (`.errors`: LineError with line numbers),
                               or inputs or an output that cannot be used: bad input, so the
                               command exits 2 (usage), never 1 (a crash)
 
@@ -36,12 +36,12 @@ from typing import IO, Collection, Iterator, Optional
 
 from envs.data_rows import (
     AGENT_TYPE,
-    RowError,
+    LineError,
     RowTypeOf,
     check_row,
     check_type,
     decode_line,
-    read_rows,
+    decoded_lines,
     row_types,
 )
 from farm.errors import ConfigError, FarmError, UnknownAgent
@@ -49,10 +49,10 @@ from farm.errors import ConfigError, FarmError, UnknownAgent
 __all__ = [
     "AGENT_TYPE",
     "DataError",
-    "RowError",
+    "LineError",
     "Summary",
     "check_row",
-    "read_rows",
+    "decoded_lines",
     "row_types",
     "run_blend",
     "run_generate",
@@ -65,7 +65,7 @@ MAX_REPORTED = 20  # errors listed in a DataError message; all are counted
 class DataError(ConfigError):
     """Input the command cannot use, as given: the user fixes the file or the option (exit 2)."""
 
-    def __init__(self, message: str, errors: Optional[list[RowError]] = None, total: Optional[int] = None):
+    def __init__(self, message: str, errors: Optional[list[LineError]] = None, total: Optional[int] = None):
         self.errors = errors or []
         shown = "".join(f"\n  {e}" for e in self.errors[:MAX_REPORTED])
         more = (total or len(self.errors)) - min(len(self.errors), MAX_REPORTED)
@@ -82,7 +82,7 @@ class Summary:
     dropped: int = 0
     per_agent: dict[str, int] = field(default_factory=dict)
     per_input: dict[str, int] = field(default_factory=dict)
-    errors: list[RowError] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
 
     def render(self, verb: str) -> str:
         parts = [f"{verb} {_rows(self.rows)} -> {self.output}"]
@@ -165,7 +165,7 @@ def run_generate(
             row = {**row, "agent_ref": dict(ref)}
             problems = check_row(row) or check_type(row, env.row_type)
             if problems:
-                bad = "; ".join(str(RowError(i, p)) for p in problems)
+                bad = "; ".join(str(LineError(i, p)) for p in problems)
                 raise FarmError(f"environment {env_name} generated an invalid row: {bad}")
             f.write(_dump(row))
             summary.rows += 1
@@ -203,11 +203,11 @@ def run_prepare(
     if not source.is_file():
         raise DataError(f"no such file: {source}")
     summary = Summary(output=str(output or source))
-    errors: list[RowError] = []
+    errors: list[LineError] = []
     n_errors = 0
     with atomic_output(output or source) as f:
-        for line, row in read_rows(source):
-            if isinstance(row, RowError):
+        for line, row in decoded_lines(source):
+            if isinstance(row, LineError):
                 problems = [row.message]
             else:
                 if isinstance(row, dict) and agent and (replace_agent or row.get("agent_ref") is None):
@@ -217,7 +217,7 @@ def run_prepare(
             if problems:
                 n_errors += 1
                 if len(errors) < MAX_REPORTED:
-                    errors.append(RowError(line, "; ".join(problems)))
+                    errors.append(LineError(line, "; ".join(problems)))
                 continue
             if n_errors and strict:
                 continue  # the file fails anyway; keep reading to report every bad line
@@ -283,7 +283,7 @@ def run_blend(inputs: list[str | Path], output: str | Path, balance: bool = True
 def _row_offsets(path: Path) -> array.array:
     """Byte offsets of the rows of `path`, after checking each one (line-numbered errors)."""
     offsets = array.array("q")
-    errors: list[RowError] = []
+    errors: list[LineError] = []
     n_errors = 0
     pos = 0
     with open(path, "rb") as f:
@@ -292,11 +292,11 @@ def _row_offsets(path: Path) -> array.array:
             row = decode_line(n, raw, path)
             if row is None:
                 continue
-            problems = [row.message] if isinstance(row, RowError) else check_row(row)
+            problems = [row.message] if isinstance(row, LineError) else check_row(row)
             if problems:
                 n_errors += 1
                 if len(errors) < MAX_REPORTED:
-                    errors.append(RowError(n, "; ".join(problems)))
+                    errors.append(LineError(n, "; ".join(problems)))
                 continue
             offsets.append(start)
     if n_errors:

@@ -18,7 +18,11 @@ ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
 @dataclass
-class RowError:
+class LineError:
+    """What is wrong with line `line` of a dataset file, for a person (not an exception: a file's
+    errors are collected and reported together). A row that does not fit its Row type raises
+    envs.sdk.RowError; its message becomes one of these."""
+
     line: int
     message: str
 
@@ -133,8 +137,8 @@ def _check_tools(tools: object) -> list[str]:
     return []
 
 
-def read_rows(path: str | Path) -> Iterator[tuple[int, object]]:
-    """(line number, decoded value or a RowError) for every non-blank line, streamed."""
+def decoded_lines(path: str | Path) -> Iterator[tuple[int, object]]:
+    """(line number, decoded value or a LineError) for every non-blank line, streamed."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             row = decode_line(n, raw, path)
@@ -143,15 +147,15 @@ def read_rows(path: str | Path) -> Iterator[tuple[int, object]]:
 
 
 def decode_line(n: int, raw: bytes, path: str | Path) -> object:
-    """Line `n` of `path` decoded; a RowError when it is not UTF-8 JSON, None when blank. Prepare and
+    """Line `n` of `path` decoded; a LineError when it is not UTF-8 JSON, None when blank. Prepare and
     blend share it, so a file one refuses the other refuses too, with the same words."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return RowError(n, f"not UTF-8 text ({exc.reason} at byte {exc.start}) in {path}")
+        return LineError(n, f"not UTF-8 text ({exc.reason} at byte {exc.start}) in {path}")
     if not line.strip():
         return None
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        return RowError(n, f"invalid JSON: {exc.msg} at column {exc.colno}")
+        return LineError(n, f"invalid JSON: {exc.msg} at column {exc.colno}")

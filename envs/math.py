@@ -40,7 +40,7 @@ import httpx
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from envs.cpu import CpuPool
-from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict, last_boxed
 
 
 class MathRow(Row):
@@ -55,23 +55,6 @@ PROMPT = (
 )
 
 # --- verifier: the library comparison (a module-level function, so it can run in the pool) ---
-
-
-def last_boxed(text: str) -> Optional[str]:
-    """The content of the last `\\boxed{...}`, braces balanced; None when there is none."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j].strip()
-    return None
 
 
 def strip_delimiters(answer: str) -> str:

@@ -35,7 +35,7 @@ import re
 from typing import Any, Optional, Union
 
 from envs.mcqa_data import LETTERS, MODES, Shape, generate
-from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict, last_boxed
 
 # --- verifier ---
 
@@ -76,19 +76,6 @@ def _unwrap(s: str) -> str:
     while (m := _TEXT_WRAP.fullmatch(s.strip())) is not None:
         s = m.group(1)
     return s.strip()
-
-
-def last_boxed(text: str) -> Optional[str]:
-    """The content of the last `\\boxed{...}`, braces balanced."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j].strip()
-    return None
 
 
 def _by_text(candidate: str, options: dict[str, str], *, contains: bool) -> Optional[str]:

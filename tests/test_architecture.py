@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import uuid
@@ -79,3 +80,33 @@ def test_no_module_is_over_400_lines():
         if (n := len(p.read_text().splitlines())) > 400
     }
     assert long == {}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, at any depth (a function-level import counts too), and every
+    module it runs (`"-m", "module"` in a command line)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            found.update(m for flag, m in zip(words, words[1:]) if flag == "-m" and isinstance(m, str))
+    return found
+
+
+def benchmarks_imported(path: Path) -> list[str]:
+    return sorted(m for m in imported_modules(path) if m == "bench" or m.startswith("bench."))
+
+
+def test_no_test_imports_a_benchmark(tmp_path):
+    """Tests and benchmarks share the policy stub through workers.policy.stub, never through bench/."""
+    probe = tmp_path / "test_probe.py"  # the negative control: an import inside a function is found
+    probe.write_text(
+        "def test_x():\n    from bench.concurrency import rows\n    run(['python', '-m', 'bench.learn'])\n"
+    )
+    assert benchmarks_imported(probe) == ["bench.concurrency", "bench.learn"]
+    found = {p.name: benchmarks_imported(p) for p in sorted((ROOT / "tests").glob("*.py"))}
+    assert {name: mods for name, mods in found.items() if mods} == {}

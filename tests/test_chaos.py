@@ -23,13 +23,13 @@ from collections import Counter
 import pytest
 import redis
 
-from bench.concurrency import rows as stub_rows
-from bench.concurrency import script_for
-from bench.policy_stub import StubProcess
 from farm.client import FarmClient
 from farm.embedded import EmbeddedRedis
 from farm.keys import GROUP
 from farm.schema import ErrorKind
+from workers.policy.stub import StubProcess
+from workers.policy.stub import weather_rows as stub_rows
+from workers.policy.stub import weather_script as script_for
 
 from conftest import make_settings, spawn_worker, stop
 

@@ -11,8 +11,8 @@ import pytest
 
 import envs.math as math_env
 from envs.cpu import VerifierTimeout
-from envs.math import Judge, JudgeError, Math, generate, last_boxed
-from envs.sdk import AgentSettings, RowError, Transcript
+from envs.math import Judge, JudgeError, Math, generate
+from envs.sdk import AgentSettings, RowError, Transcript, last_boxed
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
 from workers.loops.agent import AgentContext

@@ -202,8 +202,8 @@ async def test_real_single_tool_call_server_rewards_calling_get_weather(nemo_gym
 @pytest.mark.parametrize("server", ["standin", "real"])
 def test_end_to_end_through_a_worker_process(server, request, settings, tokenizer, model_dir, tmp_path):
     """NeMo Gym rows through Redis and a real `farm worker` whose agent is configured with the server's
-    URL; the policy is bench/policy_stub.py emitting the scripted calls; the reward is the server's."""
-    from bench.policy_stub import Script, StubProcess
+    URL; the policy is workers/policy/stub emitting the scripted calls; the reward is the server's."""
+    from workers.policy.stub import Script, StubProcess
 
     standin = StandIn().start() if server == "standin" else None
     url = standin.url if standin else request.getfixturevalue("real_counter").url

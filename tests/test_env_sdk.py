@@ -12,6 +12,7 @@ import pytest
 
 from envs.data import check_row, row_types, run_prepare
 from envs.sdk import (
+    AgentRef,
     AgentSettings,
     Environment,
     ErrorKind,
@@ -26,8 +27,9 @@ from envs.sdk import (
     parse_row,
 )
 from farm.client import FarmClient
-from farm.errors import ConfigError, RolloutFailure
-from farm.schema import Rollout, RolloutError, Status, Task
+from farm.errors import ConfigError, MalformedEntry, RolloutFailure
+from farm.schema import AgentRef as WireAgentRef
+from farm.schema import Rollout, RolloutError, Status, Task, decode_task, encode, entry
 from workers.delivery.runtime import Worker
 from workers.loops.loop import PolicyAgent
 
@@ -165,6 +167,20 @@ def test_rows_are_typed_strictly_and_keep_what_they_do_not_declare():
             parse_row(bad, TicketRow)
 
 
+def test_a_rows_agent_ref_is_the_wire_agent_ref_and_keeps_ignoring_what_it_does_not_declare():
+    """One AgentRef (farm.schema's): a row's is read as leniently as the row, the wire's strictly."""
+    ref = {"name": "tickets", "since": "v2"}
+    typed = parse_row({"responses_create_params": {"input": "hi"}, "agent_ref": ref}, Row)
+    assert AgentRef is WireAgentRef and isinstance(typed.agent_ref, AgentRef)
+    task = Task.new(run_id="r", agent="tickets", row={}, reply_to="farm:results:r")
+    task = msgspec.structs.replace(task, agent_ref=typed.agent_ref)
+    assert decode_task(entry(task)).agent_ref == AgentRef(name="tickets")
+    raw = msgspec.msgpack.decode(encode(task))
+    raw["agent_ref"] = ref
+    with pytest.raises(MalformedEntry, match="since"):
+        decode_task({b"v": b"1", b"d": msgspec.msgpack.encode(raw)})
+
+
 class Recording(Environment):
     """Records what the worker calls, in order."""
 
@@ -267,7 +283,9 @@ def test_every_shipped_environment_is_on_the_sdk():
     for name in ENVS + SERVER_ENVS:
         cls = available_envs()[name].load()
         assert issubclass(cls, Environment) and cls.row_type is not Row and issubclass(cls.row_type, Row), name
-        assert cls.setup is not None and cls.aclose is not None
+        # What setup opens (pools, clients, servers), aclose closes: overriding setup means overriding aclose.
+        opens = cls.setup is not Environment.setup
+        assert not opens or cls.aclose is not Environment.aclose, f"{name} overrides setup but not aclose"
 
 
 @pytest.mark.parametrize("name", [e for e in ENVS if e != "code_gen"] + ["code_gen"])

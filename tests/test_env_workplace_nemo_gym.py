@@ -288,9 +288,9 @@ def test_agreement_counts(env):
 )
 def test_a_recorded_rollout_through_a_worker_earns_nemo_gyms_reward(prompt, settings, tokenizer, model_dir, tmp_path):
     """A NeMo Gym row (its prompt and 27 tools as recorded) through Redis and a real `farm worker`
-    configured with NeMo Gym's tables; the policy is bench/policy_stub.py emitting the recorded
+    configured with NeMo Gym's tables; the policy is workers/policy/stub emitting the recorded
     calls (a fake: no model makes a given call sequence on demand), one per turn, then an answer."""
-    from bench.policy_stub import Script, StubProcess
+    from workers.policy.stub import Script, StubProcess
 
     from conftest import hermes, run_through_worker
 

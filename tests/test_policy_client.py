@@ -12,8 +12,8 @@ import time
 import pytest
 from aiohttp import web
 
-from bench.policy_stub import Script, StubProcess
 from workers.policy.chat import BadToolCall, ToolCall, chat_tools, input_messages, parse_tool_calls
+from workers.policy.stub import Script, StubProcess
 from workers.policy.tokens import PolicyClient, PolicyConfig, PolicyRejected, PolicyUnavailable, Session, retry_after_s
 
 SCRIPT = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=2048)

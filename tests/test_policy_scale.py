@@ -19,10 +19,11 @@ import time
 import pytest
 import redis
 
-from bench.concurrency import rows, script_for
-from bench.policy_stub import StubProcess
 from farm.client import FarmClient
 from farm.keys import GROUP
+from workers.policy.stub import StubProcess
+from workers.policy.stub import weather_rows as rows
+from workers.policy.stub import weather_script as script_for
 
 from conftest import ROOT, spawn_worker, stop, worker_env
 

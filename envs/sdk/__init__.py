@@ -5,12 +5,14 @@
 - `Row`: the typed shape of a dataset row, subclassed per environment;
 - `Toolset` / `Tool`: tools declared with one decorator, schema from signature and docstring;
 - `Transcript`, `Verdict`: what a verifier reads and returns;
+- `last_boxed`: answer extraction shared by verifiers;
 - `ErrorKind`, `RolloutFailure`: the failure kinds shared by the worker, the client, the
   producer and the dashboard.
 
 See docs/write-your-own-environment.md.
 """
 
+from envs.sdk.answers import last_boxed
 from envs.sdk.environment import (
     ENTRY_POINT_GROUP,
     AgentSettings,
@@ -43,6 +45,7 @@ __all__ = [
     "Transcript",
     "Verdict",
     "available_envs",
+    "last_boxed",
     "load_env",
     "parse_row",
 ]

@@ -20,6 +20,8 @@ from typing import Any, Optional, TypeVar, Union
 
 import msgspec
 
+from farm.schema import AgentRef
+
 __all__ = ["AgentRef", "CreateParams", "Row", "RowError", "parse_row"]
 
 
@@ -34,16 +36,19 @@ class CreateParams(msgspec.Struct, kw_only=True):
     tools: Optional[list[dict]] = None
 
 
-class AgentRef(msgspec.Struct, kw_only=True):
-    name: str
-    type: str = "responses_api_agents"
+class RowAgentRef(AgentRef, frozen=True, forbid_unknown_fields=False):
+    """A row's `agent_ref`: the wire's AgentRef (farm.schema), read as leniently as the rest of the row.
+
+    Same fields and defaults, so `row.agent_ref` can go on a Task as it is; keys it does not
+    declare are ignored here, where the wire, decoding a Task, refuses them.
+    """
 
 
 class Row(msgspec.Struct, kw_only=True):
     """The fields every environment's rows share."""
 
     responses_create_params: CreateParams
-    agent_ref: Optional[AgentRef] = None
+    agent_ref: Optional[RowAgentRef] = None
 
 
 R = TypeVar("R", bound=Row)

@@ -1,4 +1,4 @@
-"""A latency-injecting OpenAI-compatible server: the policy stand-in of bench/concurrency.py and the tests.
+"""A latency-injecting OpenAI-compatible server: the policy stand-in of the benchmarks and the tests.
 
 It answers after a set latency (fixed, or uniform within +-jitter) with scripted replies, so
 a benchmark measures the client and never the model. Nothing framework-shaped sits in its
@@ -21,21 +21,16 @@ request (and /health for 5xx) with that status at once, with `Retry-After: <retr
 when retry_after is set; `error_rate` answers only that fraction of model requests so.
 A full outage is the process stopped: `StubProcess.stop()` then `.start()` on the same port.
 
-    python -m bench.policy_stub --port 8100 --latency 2 --replies replies.json
+    python -m workers.policy.stub --port 8100 --latency 2 --replies replies.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from array import array
 from collections import Counter
 from pathlib import Path
@@ -43,7 +38,6 @@ from typing import Any, Optional
 
 import msgspec
 
-ROOT = Path(__file__).resolve().parent.parent
 _json = msgspec.json
 _REASONS = {
     200: "OK",
@@ -352,112 +346,8 @@ async def serve(
         await stop.wait()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class StubProcess:
-    """The stub in a process of its own (so its CPU is not the client's), restartable on one port."""
-
-    def __init__(
-        self,
-        script: Script,
-        *,
-        latency_s: float = 0.05,
-        jitter_s: float = 0.0,
-        port: int = 0,
-        log_path: Optional[Path] = None,
-        workdir: Optional[Path] = None,
-        **faults: Any,
-    ):
-        self.port = port or free_port()
-        self.served_model_name = script.model  # the name its /v1/models lists, as vLLM's served name
-        self.workdir = Path(workdir or os.environ.get("TMPDIR", "/tmp"))
-        self.script_path = self.workdir / f"policy-stub-{self.port}.json"
-        self.script_path.write_bytes(_json.encode(script))
-        self.log_path = log_path or self.workdir / f"policy-stub-{self.port}.log"
-        self.args = ["--latency", str(latency_s), "--jitter", str(jitter_s)]
-        for key, value in faults.items():
-            if value is not None:
-                self.args += [f"--{key.replace('_', '-')}", str(value)]
-        self.proc: Optional[subprocess.Popen] = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 20.0) -> "StubProcess":
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.policy_stub",
-                    "--port",
-                    str(self.port),
-                    "--replies",
-                    str(self.script_path),
-                    *self.args,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=ROOT,
-                env=env,
-            )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"policy stub exited with {self.proc.returncode}: "
-                    f"{self.log_path.read_text(errors='replace')[-2000:]}"
-                )
-            try:
-                self.get("/stats")
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"policy stub did not answer on port {self.port} within {timeout_s}s")
-
-    def stop(self) -> None:
-        """SIGKILL: every open connection drops at once, as when a replica dies."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=5) as resp:
-            return _json.decode(resp.read())
-
-    def control(self, **change: Any) -> dict:
-        req = urllib.request.Request(
-            self.url + "/control",
-            data=_json.encode(change),
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return _json.decode(resp.read())
-
-    def stats(self) -> dict:
-        return self.get("/stats")
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc else None
-
-    def __enter__(self) -> "StubProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m workers.policy.stub", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--latency", type=float, default=0.05, help="seconds before each model answer")
@@ -477,7 +367,3 @@ def main(argv: Optional[list[str]] = None) -> int:
         serve(script, args.host, args.port, args.latency, args.jitter, args.fault, args.error_rate, args.retry_after)
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

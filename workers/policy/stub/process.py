@@ -1,0 +1,117 @@
+"""The stub in a process of its own (so its CPU is not the client's), restartable on one port."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+import msgspec
+
+from farm.embedded import free_port
+from workers.policy.stub.server import Script
+
+ROOT = Path(__file__).resolve().parents[3]
+_json = msgspec.json
+
+
+class StubProcess:
+    """The stub in a process of its own (so its CPU is not the client's), restartable on one port."""
+
+    def __init__(
+        self,
+        script: Script,
+        *,
+        latency_s: float = 0.05,
+        jitter_s: float = 0.0,
+        port: int = 0,
+        log_path: Optional[Path] = None,
+        workdir: Optional[Path] = None,
+        **faults: Any,
+    ):
+        self.port = port or free_port()
+        self.served_model_name = script.model  # the name its /v1/models lists, as vLLM's served name
+        self.workdir = Path(workdir or os.environ.get("TMPDIR", "/tmp"))
+        self.script_path = self.workdir / f"policy-stub-{self.port}.json"
+        self.script_path.write_bytes(_json.encode(script))
+        self.log_path = log_path or self.workdir / f"policy-stub-{self.port}.log"
+        self.args = ["--latency", str(latency_s), "--jitter", str(jitter_s)]
+        for key, value in faults.items():
+            if value is not None:
+                self.args += [f"--{key.replace('_', '-')}", str(value)]
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> "StubProcess":
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "workers.policy.stub",
+                    "--port",
+                    str(self.port),
+                    "--replies",
+                    str(self.script_path),
+                    *self.args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+                env=env,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"policy stub exited with {self.proc.returncode}: "
+                    f"{self.log_path.read_text(errors='replace')[-2000:]}"
+                )
+            try:
+                self.get("/stats")
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"policy stub did not answer on port {self.port} within {timeout_s}s")
+
+    def stop(self) -> None:
+        """SIGKILL: every open connection drops at once, as when a replica dies."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=5) as resp:
+            return _json.decode(resp.read())
+
+    def control(self, **change: Any) -> dict:
+        req = urllib.request.Request(
+            self.url + "/control",
+            data=_json.encode(change),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return _json.decode(resp.read())
+
+    def stats(self) -> dict:
+        return self.get("/stats")
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc else None
+
+    def __enter__(self) -> "StubProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
