@@ -159,7 +159,7 @@ def run_through_worker(
     """Rows through Redis to a real `farm worker --agent <agent>` process and a policy server.
 
     The environment's smoke test: one worker (4 concurrent rollouts) pointed at `policy` (the
-    shared vLLM, or a bench/policy_stub.py StubProcess: anything with a `url` and a
+    shared vLLM, or a workers/policy/stub StubProcess: anything with a `url` and a
     `served_model_name`), every row submitted as a task of one group, the rollouts
     returned in row order once all are in; the worker must then drain and exit 0. `sampling` is
     the tasks' sampling, or a function of the row's index (to seed each row), or None for the

@@ -1,6 +1,6 @@
 """Policy client bookkeeping (replica choice, health, cooling, shared lookups, parsing).
 
-Against real HTTP servers on loopback: bench/policy_stub.py (the latency-injecting
+Against real HTTP servers on loopback: workers/policy/stub (the latency-injecting
 OpenAI-compatible stand-in) where a well-behaved server will do, and a few lines of
 aiohttp.web where a test needs a server that misbehaves in one exact way. tests/test_policy.py
 runs the same client against real vLLM.

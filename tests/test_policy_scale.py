@@ -1,6 +1,6 @@
 """The policy path at scale and under model faults, with real worker processes and real Redis.
 
-The policy is bench/policy_stub.py: an OpenAI-compatible server answering the
+The policy is workers/policy/stub: an OpenAI-compatible server answering the
 single_tool_call environment's two turns (a Hermes tool call, then an answer) with token ids
 after a fixed latency, in a process of its own. Stopping that process is a full outage of
 the replica (every connection drops, new ones are refused); starting it again on the same
