@@ -76,7 +76,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 # -- prompts and request bodies -------------------------------------------------------------------
 def prompt_ids(tok: ChatTokenizer, rows: list[dict]) -> list[list[int]]:
-    """The first prompt of each row exactly as workers/loops/loop.py builds it."""
+    """The first prompt of each row exactly as the tokens backend builds it (workers/policy/token_policy.py)."""
     env = SingleToolCall()
     out = []
     for row in rows:

@@ -110,3 +110,94 @@ def test_no_test_imports_a_benchmark(tmp_path):
     assert benchmarks_imported(probe) == ["bench.concurrency", "bench.learn"]
     found = {p.name: benchmarks_imported(p) for p in sorted((ROOT / "tests").glob("*.py"))}
     assert {name: mods for name, mods in found.items() if mods} == {}
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its body: at the top, inside functions
+    (lazy imports) and under `if TYPE_CHECKING:` alike, since each of those is still a cycle to read."""
+    modules = {}
+    for pkg in PACKAGES:
+        for path in (root / pkg).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[: len(here) - node.level + 1] + [node.module or ""]) if node.level else node.module
+                base = (base or "").strip(".")
+                targets |= {base} | {f"{base}.{a.name}" for a in node.names}
+        deps = {m for t in targets if (m := known(t)) and m != name and not name.startswith(m + ".")}
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles_not_even_lazy_or_type_checking_ones():
+    assert cycles(import_graph(ROOT)) == []
+
+
+def test_the_cycle_check_finds_a_lazy_and_a_type_checking_cycle(tmp_path):
+    """The negative control: two modules that import each other only lazily / for type checking."""
+    pkg = tmp_path / "farm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from farm.b import g\n    return g\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from farm.a import f\ndef g(): ...\n"
+    )
+    (pkg / "c.py").write_text("from . import a\n")
+    for other in PACKAGES[1:]:
+        (tmp_path / other).mkdir()
+    assert cycles(import_graph(tmp_path)) == [["farm.a", "farm.b"]]

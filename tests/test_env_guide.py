@@ -16,7 +16,7 @@ import pytest
 from envs.sdk import Environment, ErrorKind, RolloutFailure, ToolArgumentError, Transcript
 from farm.schema import Status, Task
 from workers.loops.agent import AgentContext
-from workers.loops.loop import PolicyAgent
+from workers.loops.loop import AgentLoop
 
 from conftest import ROOT, ScriptedPolicy, hermes
 
@@ -83,7 +83,7 @@ async def test_a_scripted_model_earns_the_reward_through_the_real_loop(pantry, t
     row = next(r for r in env.generate(10, seed=1))
     item, count = re.search(r"Add (\d+) (\w+)", row["responses_create_params"]["input"][-1]["content"]).group(2, 1)
     script = [hermes("get_stock"), hermes("add_item", {"item": item, "count": int(count)}), "done"]
-    agent = PolicyAgent(env, ScriptedPolicy(tokenizer, script), tokenizer)
+    agent = AgentLoop.over_tokens(env, ScriptedPolicy(tokenizer, script), tokenizer)
     rollout = await agent.run(
         Task.new(run_id="guide", agent="pantry", row=row, reply_to="x"), AgentContext(worker_id="test", settings=None)
     )
@@ -91,7 +91,7 @@ async def test_a_scripted_model_earns_the_reward_through_the_real_loop(pantry, t
 
     broken = {**row, "expected": {item: "many"}}
     with pytest.raises(RolloutFailure, match="PantryRow") as info:
-        await PolicyAgent(env, ScriptedPolicy(tokenizer, []), tokenizer).run(
+        await AgentLoop.over_tokens(env, ScriptedPolicy(tokenizer, []), tokenizer).run(
             Task.new(run_id="guide", agent="pantry", row=broken, reply_to="x"),
             AgentContext(worker_id="test", settings=None),
         )

@@ -16,7 +16,7 @@ from envs.sdk import AgentSettings, RowError, Transcript, last_boxed
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
 from workers.loops.agent import AgentContext
-from workers.loops.loop import PolicyAgent
+from workers.loops.loop import AgentLoop
 
 from conftest import ScriptedPolicy, run_through_worker
 
@@ -271,7 +271,7 @@ async def test_verifier_error_is_a_failed_rollout_with_its_reason(tokenizer, env
     """A scripted policy: this test is about the verifier's failure reaching the rollout through
     the real agent loop, not about sampling."""
     policy = ScriptedPolicy(tokenizer, ["The answer is \\boxed{5}."] * 2)
-    agent = PolicyAgent(env, policy, tokenizer, AgentSettings(loop="single_turn"))
+    agent = AgentLoop.over_tokens(env, policy, tokenizer, AgentSettings(loop="single_turn"))
     task = Task.new(run_id="m", agent="math", row=row("\\frac{"), reply_to="farm:results:m")
     with pytest.raises(RolloutFailure, match="verifier raised ValueError: expected answer") as info:
         await agent.run(task, AgentContext(worker_id="test", settings=None))

@@ -21,7 +21,7 @@ from farm.errors import ConfigError
 from farm.schema import Status, Task
 from workers.loops.agent import AgentContext
 from workers.loops.env_calls import call_tool
-from workers.loops.loop import PolicyAgent
+from workers.loops.loop import AgentLoop
 
 from conftest import ScriptedPolicy, free_port, hermes
 
@@ -343,7 +343,7 @@ COUNTER_SCRIPT = [
 
 
 async def run_scripted(env, tokenizer, row: dict, script: list[str]):
-    agent = PolicyAgent(env, ScriptedPolicy(tokenizer, list(script)), tokenizer)
+    agent = AgentLoop.over_tokens(env, ScriptedPolicy(tokenizer, list(script)), tokenizer)
     task = Task.new(run_id="s", agent="nemo_gym_server", row=row, reply_to="x")
     await env.setup()
     try:

@@ -31,7 +31,7 @@ from farm.errors import ConfigError, MalformedEntry, RolloutFailure
 from farm.schema import AgentRef as WireAgentRef
 from farm.schema import Rollout, RolloutError, Status, Task, decode_task, encode, entry
 from workers.delivery.runtime import Worker
-from workers.loops.loop import PolicyAgent
+from workers.loops.loop import AgentLoop
 
 from conftest import ScriptedPolicy
 
@@ -212,7 +212,7 @@ class Recording(Environment):
 
 async def test_the_worker_sets_the_environment_up_first_and_closes_it_when_it_stops(settings, tokenizer):
     env = Recording()
-    agent = PolicyAgent(env, ScriptedPolicy(tokenizer, ["7", "8"]), tokenizer)
+    agent = AgentLoop.over_tokens(env, ScriptedPolicy(tokenizer, ["7", "8"]), tokenizer)
     worker = Worker(settings, "recording", agent, concurrency=1)
     run = asyncio.create_task(worker.run())
     client = FarmClient(settings)
@@ -240,7 +240,9 @@ async def test_the_worker_sets_the_environment_up_first_and_closes_it_when_it_st
 
 async def test_a_setup_that_fails_stops_the_worker_with_the_reason(settings, tokenizer):
     env = Recording(fail_setup=True)
-    worker = Worker(settings, "recording", PolicyAgent(env, ScriptedPolicy(tokenizer, []), tokenizer), concurrency=1)
+    worker = Worker(
+        settings, "recording", AgentLoop.over_tokens(env, ScriptedPolicy(tokenizer, []), tokenizer), concurrency=1
+    )
     with pytest.raises(
         ConfigError, match="agent recording: its environment's setup failed: RuntimeError: the pool would not start"
     ):

@@ -17,7 +17,7 @@ from envs.session_state import TOOLS, Counter, SessionState, generate, increment
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
 from workers.loops.agent import AgentContext
-from workers.loops.loop import PolicyAgent
+from workers.loops.loop import AgentLoop
 
 from conftest import ScriptedPolicy, hermes, run_through_worker
 
@@ -176,7 +176,7 @@ def test_a_nemo_gym_row_scores_unchanged():
     ],
 )
 async def test_the_agent_loop_with_a_scripted_policy(tokenizer, script, reward):
-    agent = PolicyAgent(SessionState(), ScriptedPolicy(tokenizer, script), tokenizer)
+    agent = AgentLoop.over_tokens(SessionState(), ScriptedPolicy(tokenizer, script), tokenizer)
     task = Task.new(run_id="s", agent="session_state", row=REFERENCE_ROW, reply_to="x")
     rollout = await agent.run(task, AgentContext(worker_id="test", settings=None))
     assert rollout.reward == reward and rollout.status.value == "ok"
@@ -191,7 +191,7 @@ async def test_the_agent_loop_with_a_scripted_policy(tokenizer, script, reward):
 async def test_a_missing_expected_count_fails_the_rollout_as_malformed_before_any_model_call(tokenizer):
     row = {k: v for k, v in REFERENCE_ROW.items() if k != "expected_count"}
     policy = ScriptedPolicy(tokenizer, ["6"])
-    agent = PolicyAgent(SessionState(), policy, tokenizer)
+    agent = AgentLoop.over_tokens(SessionState(), policy, tokenizer)
     task = Task.new(run_id="s", agent="session_state", row=row, reply_to="x")
     with pytest.raises(RolloutFailure, match="expected_count") as info:
         await agent.run(task, AgentContext(worker_id="test", settings=None))

@@ -272,9 +272,9 @@ def test_registered_and_configurable():
 async def _loop(tokenizer, row, script):
     from farm.schema import Task
     from workers.loops.agent import AgentContext
-    from workers.loops.loop import PolicyAgent
+    from workers.loops.loop import AgentLoop
 
-    agent = PolicyAgent(ENV, ScriptedPolicy(tokenizer, script), tokenizer)
+    agent = AgentLoop.over_tokens(ENV, ScriptedPolicy(tokenizer, script), tokenizer)
     task = Task.new(run_id="wa", agent="workplace_assistant", row=row, reply_to="x")
     return await agent.run(task, AgentContext(worker_id="test", settings=None))
 

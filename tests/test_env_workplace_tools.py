@@ -232,9 +232,9 @@ def test_refusals_give_nemo_gyms_message_and_change_nothing(name, arguments, mes
 async def test_errors_reach_the_model_as_tool_results():
     """Through the agent loop's own tool dispatch: refused and malformed calls become result strings."""
     from workers.loops.env_calls import call_tool
-    from workers.loops.loop import PolicyAgent
+    from workers.loops.loop import AgentLoop
 
-    agent = PolicyAgent(ENV, policy=None, tokenizer=None)
+    agent = AgentLoop.over_tokens(ENV, policy=None, tokenizer=None)
 
     def dispatch(name, arguments, state, metrics):
         return call_tool(agent.tools, name, arguments, state, agent.settings.tool_timeout_s, metrics)

@@ -23,7 +23,7 @@ from envs.cpu import CpuPool
 from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
 from farm.client import FarmClient
 from workers.delivery.runtime import Worker
-from workers.loops.loop import PolicyAgent
+from workers.loops.loop import AgentLoop
 from workers.policy.tokens import Completion
 
 pytestmark = pytest.mark.slow
@@ -113,7 +113,7 @@ async def produce(settings, n_fast: int):
 async def measure(settings, inline: bool):
     pool = CpuPool(workers=1)
     await pool.run(spin, 0.0, cpu_s=30)  # start the pool's process before any timing
-    agent = PolicyAgent(Spinner(pool, inline), InstantPolicy(), StubTokenizer())
+    agent = AgentLoop.over_tokens(Spinner(pool, inline), InstantPolicy(), StubTokenizer())
     worker = Worker(settings, "spinner", agent, concurrency=8)
     running = asyncio.create_task(worker.run())
     try:

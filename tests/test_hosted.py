@@ -17,16 +17,14 @@ import sys
 import pytest
 
 from farm.client import FarmClient
+from farm.embedded import free_port
 from farm.errors import ConfigError, RolloutFailure
 from farm.schema import Rollout, Sampling, Status, Task
 from farm.settings import load_settings
 from workers.loops.agent import AgentContext, policy_agent
+from workers.policy.stub import Script, StubProcess
 
 from conftest import ROOT, stop, worker_env
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from bench.policy_stub import Script, StubProcess, free_port  # noqa: E402
 
 KEY = "sk-test-5ecr3t-do-not-log-0123456789"
 WEATHER = [
@@ -120,9 +118,9 @@ async def test_rollouts_spread_over_replicas_and_share_one_client_each(tmp_path,
         agent = policy_agent("single_tool_call", s)
         try:
             got = await asyncio.gather(*(agent.run(task(row()), AgentContext("test", s)) for _ in range(8)))
-            clients = list(agent.replicas.clients)
+            clients = list(agent.policy.clients)
             await agent.run(task(row()), AgentContext("test", s))
-            assert agent.replicas.clients == clients and all(c is not None for c in clients)
+            assert agent.policy.clients == clients and all(c is not None for c in clients)
         finally:
             await agent.aclose()
         counts = [server.stats().get("POST /v1/chat/completions", 0) for server in (a, b)]
@@ -172,9 +170,13 @@ def test_error_mapping_overflow_and_key_scrubbing(settings):
     import httpx2
     import openai
 
-    from workers.policy.openai_pool import ContextOverflow, Replicas
+    from workers.policy.config import PolicyConfig
+    from workers.policy.openai_pool import OpenAIPolicy
+    from workers.policy.protocol import ContextOverflow
 
-    replicas = Replicas(hosted(settings, "http://policy:8000", policy_api_key=KEY))
+    config = PolicyConfig.from_settings(hosted(settings, "http://policy:8000", policy_api_key=KEY))
+    replicas = OpenAIPolicy(config, "chat")
+    where = replicas.replicas[0]
     request = httpx2.Request("POST", "http://policy:8000/v1/chat/completions")
 
     def status_error(cls, status, message, code=None):
@@ -185,14 +187,128 @@ def test_error_mapping_overflow_and_key_scrubbing(settings):
         )
 
     overflow = status_error(openai.BadRequestError, 400, "This model's maximum context length is 1024 tokens.")
-    assert isinstance(replicas.failure(overflow, 0), ContextOverflow)
+    assert isinstance(replicas.failure(overflow, where), ContextOverflow)
     coded = status_error(openai.BadRequestError, 400, "too many tokens", "context_length_exceeded")
-    assert isinstance(replicas.failure(coded, 0), ContextOverflow)
-    echoed = replicas.failure(status_error(openai.AuthenticationError, 401, f"bad key {KEY}\nrejected"), 0)
+    assert isinstance(replicas.failure(coded, where), ContextOverflow)
+    echoed = replicas.failure(status_error(openai.AuthenticationError, 401, f"bad key {KEY}\nrejected"), where)
     assert isinstance(echoed, RolloutFailure) and not echoed.retryable
     assert KEY not in echoed.message and "bad key <hidden> rejected" in echoed.message
-    timeout = replicas.failure(openai.APITimeoutError(request=request), 0)
+    timeout = replicas.failure(openai.APITimeoutError(request=request), where)
     assert isinstance(timeout, RolloutFailure) and timeout.retryable and "did not answer within" in timeout.message
+
+
+def _calls_and_results(r: Rollout) -> list:
+    """The rollout as the environment saw it: tool calls and results, user turns, the last answer."""
+    seen = []
+    for o in r.output:
+        if o["type"] == "function_call":
+            seen.append(("call", o["name"], json.loads(o["arguments"])))
+        elif o["type"] == "function_call_output":
+            seen.append(("result", o["output"]))
+        elif o["role"] == "user":
+            seen.append(("user", o["content"][0]["text"]))
+    return seen + [("answer", r.output[-1]["content"][0]["text"])]
+
+
+@pytest.mark.parametrize("kind", ["chat", "responses"])
+async def test_one_loop_drives_the_token_and_the_openai_backends_alike(tmp_path, settings, tokenizer, kind):
+    """The same scripted multi-turn tool-use conversation through the tokens backend (token ids in
+    and out, the real tokenizer) and the openai backend, both against one stub serving the same
+    script as token ids and as chat / Responses replies: one loop, so the same tool calls, user
+    turns, metrics and reward; only the token fields differ."""
+    from envs.sdk import AgentSettings
+    from envs.single_tool_call import SingleToolCall
+    from workers.loops.loop import AgentLoop
+    from workers.policy.config import PolicyConfig
+    from workers.policy.openai_pool import OpenAIPolicy
+    from workers.policy.token_policy import TokenPolicy
+    from workers.policy.tokens import PolicyClient
+
+    from conftest import hermes
+
+    call, answer = hermes("get_weather", {"city": "Paris"}), "It is sunny in Paris."
+    script = Script(
+        chat_replies=WEATHER, token_replies=[tokenizer.encode(t) + [tokenizer.eos_id] for t in (call, answer)]
+    )
+    loop = AgentSettings(loop="multi_turn", max_steps=5)
+    r = {**row("Paris"), "follow_up_messages": ["Thanks. And tomorrow?"]}
+    with StubProcess(script, latency_s=0.01, workdir=tmp_path) as server:
+        s = hosted(settings, server.url, kind)
+        config = PolicyConfig.from_settings(s)
+        agents = [
+            AgentLoop(SingleToolCall(), TokenPolicy(PolicyClient(config), tokenizer), loop),
+            AgentLoop(SingleToolCall(), OpenAIPolicy(config, kind), loop),
+        ]
+        got = []
+        for agent in agents:
+            try:
+                got.append(await agent.run(task(r), AgentContext("test", s)))
+            finally:
+                await agent.aclose()
+        stats = server.stats()
+    tokens, text = got
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/responses"
+    assert stats["POST /v1/completions"] == 3 and stats[f"POST {path}"] == 3  # three turns each
+    assert _calls_and_results(tokens) == _calls_and_results(text)
+    assert [c[0] for c in _calls_and_results(text)] == ["call", "result", "user", "answer"]
+    assert set(tokens.metrics) - {"env_tokens"} == set(text.metrics)  # env_tokens: only a token trace has them
+    same = ("turns", "tool_calls", "tool_errors", "bad_tool_calls", "hit_max_steps", "replica_moves", "lookups")
+    assert {k: tokens.metrics[k] for k in same} == {k: text.metrics[k] for k in same}
+    assert tokens.metrics["turns"] == 3 and tokens.metrics["hit_max_steps"] is False
+    assert tokens.reward == text.reward == 1.0 and tokens.reward_components == text.reward_components
+    assert tokens.status is text.status is Status.ok
+    assert len(tokens.trace.turns) == 3 and tokens.trainable
+    assert text.trace is None and not text.trainable
+
+
+async def test_the_openai_backends_readiness_follows_the_rotation(stub, settings):
+    """One rotation for both backends: a replica out of rotation makes the hosted agent not ready
+    (the worker stops fetching), and the hosted rotation never probes /health."""
+    agent = policy_agent("single_tool_call", hosted(settings, stub.url))
+    rotation = agent.policy.rotation
+    [replica] = rotation.replicas
+    try:
+        assert agent.ready()
+        rotation.take_out(replica, "taken out by the test")
+        assert not agent.ready()
+        waiting = asyncio.create_task(agent.wait_ready())
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        rotation.put_back(replica)
+        await asyncio.wait_for(waiting, 5)
+        assert agent.ready()
+        got = await agent.run(task(row()), AgentContext("test", settings))
+    finally:
+        await agent.aclose()
+    assert got.reward == 1.0
+    assert not any(k.startswith("GET /health") for k in stub.stats())
+
+
+async def test_a_replica_that_failed_goes_last_for_the_cooldown(tmp_path, settings):
+    """After a retryable failure a replica takes new rollouts only when no other can (COOLDOWN_S),
+    though it stays in rotation: without the cooldown each next rollout would take either."""
+    with (
+        StubProcess(Script(chat_replies=WEATHER), latency_s=0.01, workdir=tmp_path) as bad,
+        StubProcess(Script(chat_replies=WEATHER), latency_s=0.01, workdir=tmp_path) as good,
+    ):
+        bad.control(fault=500)
+        s = settings.replace(policy_urls=[bad.url, good.url], policy_kind="chat", policy_model="stub")
+        agent = policy_agent("single_tool_call", s.replace(policy_max_retries=0))
+        try:
+            for _ in range(30):  # each rollout takes either replica until one has failed
+                try:
+                    await agent.run(task(row()), AgentContext("test", s))
+                except RolloutFailure as exc:
+                    assert exc.retryable
+                    break
+            else:
+                raise AssertionError("no rollout went to the failing replica")
+            tried = bad.stats()["status 500"]
+            got = [await agent.run(task(row()), AgentContext("test", s)) for _ in range(6)]
+            assert agent.ready()
+        finally:
+            await agent.aclose()
+        assert all(r.reward == 1.0 for r in got) and bad.stats()["status 500"] == tried == 1
 
 
 def spawn_logged(settings, log_path, **env: str) -> subprocess.Popen:
@@ -378,6 +494,6 @@ async def test_chat_kind_against_real_vllm(vllm, settings):
     assert got.output and got.output[0]["type"] in ("message", "function_call")
     assert all(o["type"] in ("message", "function_call", "function_call_output") for o in got.output)
     # vLLM serves SmolLM2 without a tool parser: the tools went into the system prompt instead.
-    assert agent.replicas.prompted == [True]
+    assert agent.policy.prompted == [True]
     assert short.status is Status.truncated and short.metrics["turns"] == 1 and short.metrics["completion_tokens"] == 2
     assert long.status is Status.truncated and long.metrics["turns"] == 0 and long.output == []

@@ -20,9 +20,9 @@ from farm.errors import RolloutFailure
 from farm.schema import Sampling, Status, Task
 from workers.delivery.runtime import Worker
 from workers.loops.agent import AgentContext
-from workers.loops.loop import PolicyAgent
+from workers.loops.loop import AgentLoop
 from workers.loops.noop import NoopAgent  # noqa: F401  (keeps the built-in registry importable)
-from workers.policy.chat import ChatTokenizer
+from workers.policy.chat import ChatTokenizer, parse_tool_calls
 from workers.policy.tokens import PolicyClient, PolicyConfig, PolicyUnavailable, Session
 
 pytestmark = pytest.mark.vllm
@@ -122,11 +122,11 @@ def tokenizer(model_dir):
 
 
 async def make_agent(vllm, tokenizer, *, recorder=None, urls=None, settings=None, **cfg):
-    """A PolicyAgent on the Adder environment; with a Recorder, its requests go through that proxy."""
+    """A AgentLoop on the Adder environment; with a Recorder, its requests go through that proxy."""
     if recorder is not None:
         urls = [await recorder.start(vllm.url)]
     client = PolicyClient(PolicyConfig(urls=urls or [vllm.url], model=vllm.served_model_name, **cfg))
-    return PolicyAgent(Adder(), client, tokenizer, settings)
+    return AgentLoop.over_tokens(Adder(), client, tokenizer, settings)
 
 
 CTX = AgentContext(worker_id="test", settings=None)
@@ -190,7 +190,7 @@ async def test_rescoring_reproduces_the_sampled_logprobs(vllm, tokenizer):
     r = await agent.run(task(row("Name a color.", followups=["Another?"]), max_tokens=12), CTX)
     prompt, comp = list(r.trace.prompt()), list(r.trace.completion())
     lps, mask = r.trace.completion_logprobs(), r.trace.mask()
-    rescored = await agent.policy.prompt_logprobs(prompt + comp, Session())
+    rescored = await agent.policy.client.prompt_logprobs(prompt + comp, Session())
     await agent.aclose()
     checked = 0
     for i, tok in enumerate(comp):
@@ -208,7 +208,7 @@ async def test_context_overflow_is_truncated_not_a_crash(vllm, tokenizer):
     # the server's own 400 for an overflowing request also ends as truncated
     known = asyncio.get_running_loop().create_future()
     known.set_result(10**6)
-    agent.policy._model_len[vllm.url] = known  # pretend not to know the limit
+    agent.policy.client._model_len[vllm.url] = known  # pretend not to know the limit
     r = await agent.run(task(long_row), CTX)
     await agent.aclose()
     assert r.status is Status.truncated
@@ -231,7 +231,7 @@ async def test_a_server_that_stays_down_fails_with_the_reason(vllm, tokenizer):
 
     dead = f"http://127.0.0.1:{free_port()}"
     client = PolicyClient(PolicyConfig(urls=[dead], model="m", retry_budget_s=1.0, backoff_s=0.01))
-    agent = PolicyAgent(Adder(), client, tokenizer, AgentSettings(loop="single_turn"))
+    agent = AgentLoop.over_tokens(Adder(), client, tokenizer, AgentSettings(loop="single_turn"))
     with pytest.raises(PolicyUnavailable, match="1s retry budget.*ClientConnectorError") as info:
         await agent.run(task(row()), CTX)
     await agent.aclose()
@@ -320,7 +320,7 @@ async def test_two_replicas_survive_losing_one_mid_run(vllm, tokenizer, settings
     ]
     await client.submit(tasks)
     first = await client.collect(tasks[:4], timeout_s=120)
-    served_before = {r.url: r.served for r in agent.policy.replicas}
+    served_before = {r.url: r.served for r in agent.policy.client.replicas}
     await fwd.stop()
     rest = await client.collect(tasks[4:], timeout_s=300)
     w.request_stop()
@@ -330,14 +330,14 @@ async def test_two_replicas_survive_losing_one_mid_run(vllm, tokenizer, settings
     assert len(got) == 16 and all(r.status is not Status.failed for r in got.values()), [
         r.error for r in got.values() if r.error
     ]
-    direct, proxy = agent.policy.replicas
+    direct, proxy = agent.policy.client.replicas
     assert served_before[second] > 0, "both replicas served before one was stopped"
     assert not proxy.healthy and direct.served > served_before[vllm.url]
     assert all(r.attempt == 1 for r in got.values()), "moving replicas does not cost a task attempt"
 
 
 async def test_tool_calls_invalid_json_and_unknown_tools_go_back_to_the_model(tokenizer):
-    agent = PolicyAgent(Adder(), None, tokenizer)
+    agent = AgentLoop.over_tokens(Adder(), None, tokenizer)
     metrics = {"tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0}
     output, calls, state = [], [], []
     text = (
@@ -346,7 +346,7 @@ async def test_tool_calls_invalid_json_and_unknown_tools_go_back_to_the_model(to
         '<tool_call>{"name": "mul", "arguments": {"a": 1}}</tool_call>'
         '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
     )
-    msgs = await agent._run_tools(text, 0, state, output, calls, metrics)
+    msgs = await agent._run_tools(parse_tool_calls(text, 0), state, output, calls, metrics)
     assert [m["role"] for m in msgs] == ["tool"] * 4
     assert json.loads(msgs[0]["content"]) == {"sum": 42} and state == [(40, 2)]
     assert msgs[1]["content"].startswith("Error: invalid JSON")
@@ -373,7 +373,7 @@ async def test_verifier_crash_is_a_failed_rollout_with_reason(vllm, tokenizer):
             raise KeyError("expected_answer")
 
     client = PolicyClient(PolicyConfig(urls=[vllm.url], model=vllm.served_model_name))
-    agent = PolicyAgent(Broken(), client, tokenizer, AgentSettings(loop="single_turn"))
+    agent = AgentLoop.over_tokens(Broken(), client, tokenizer, AgentSettings(loop="single_turn"))
     with pytest.raises(RolloutFailure, match="verifier raised KeyError") as info:
         await agent.run(task(row(), max_tokens=4), CTX)
     await agent.aclose()

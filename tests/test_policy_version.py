@@ -17,7 +17,7 @@ from farm.policy_version import PolicyVersions, announce_live, announce_loading
 from farm.schema import Task
 from farm.transport import Outage
 from workers.loops.context import AgentContext
-from workers.loops.loop import PolicyAgent
+from workers.loops.loop import AgentLoop
 
 from conftest import ScriptedPolicy
 
@@ -58,7 +58,7 @@ async def rollout_with(tokenizer, settings, versions, during=None):
     env = SingleToolCall()
     row = generate(1, seed=3)[0]
     policy = GatedPolicy(tokenizer, ["It is sunny."])
-    agent = PolicyAgent(env, policy, tokenizer)
+    agent = AgentLoop.over_tokens(env, policy, tokenizer)
     task = Task.new(run_id="v", agent="single_tool_call", row=row, reply_to="farm:results:v", policy_version=1)
     run = asyncio.create_task(agent.run(task, AgentContext(worker_id="t", settings=settings, versions=versions)))
     await asyncio.wait_for(policy.called.wait(), 10)

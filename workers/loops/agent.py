@@ -14,11 +14,14 @@ so third-party packages plug in the same way the environments do.
 from __future__ import annotations
 
 from importlib.metadata import entry_points
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from farm.errors import UnknownAgent
 from farm.settings import Settings
 from workers.loops.context import Agent, AgentContext
+
+if TYPE_CHECKING:
+    from workers.policy.protocol import Policy
 
 __all__ = ["Agent", "AgentContext", "AgentFactory", "available_agents", "known_agents", "load_agent"]
 
@@ -63,14 +66,13 @@ def load_agent(name: str, settings: Settings, impl: str | None = None) -> Agent:
 
 
 def policy_agent(name: str, settings: Settings) -> Agent:
-    """The agent for `name`: a PolicyAgent (tokens: policy client + tokenizer) or a HostedAgent (chat, responses)."""
+    """The agent for `name`: the agent loop over the policy backend `policy_kind` names (tokens: the
+    token client and the model's tokenizer; chat, responses: the openai client)."""
     import dataclasses
 
     from envs.sdk import load_env
     from farm.errors import ConfigError
-    from workers.loops.loop import PolicyAgent
-    from workers.policy.chat import ChatTokenizer
-    from workers.policy.tokens import PolicyClient, PolicyConfig
+    from workers.loops.loop import AgentLoop
 
     cfg = settings.agents.get(name)
     env = load_env(cfg.env if cfg else name, cfg.env_options if cfg else None)
@@ -84,10 +86,22 @@ def policy_agent(name: str, settings: Settings) -> Agent:
             f"agent {name!r} calls a policy: set policy_urls (FARM_POLICY_URLS), "
             "e.g. to the URL `farm policy serve` prints"
         )
-    if settings.policy_kind != "tokens":  # text through the openai client: no tokenizer, no token ids
-        from workers.loops.hosted import HostedAgent
+    return AgentLoop(env, _policy(settings), loop_settings)
 
-        return HostedAgent(env, settings, loop_settings)
+
+def _policy(settings: Settings) -> Policy[Any]:
+    from farm.errors import ConfigError
+    from workers.policy.config import PolicyConfig
+
+    config = PolicyConfig.from_settings(settings)
+    if settings.policy_kind != "tokens":  # text through the openai client: no tokenizer, no token ids
+        from workers.policy.openai_pool import OpenAIPolicy
+
+        return OpenAIPolicy(config, settings.policy_kind)
+    from workers.policy.chat import ChatTokenizer
+    from workers.policy.token_policy import TokenPolicy
+    from workers.policy.tokens import PolicyClient
+
     try:
         tokenizer = ChatTokenizer(settings.tokenizer_path)
     except (OSError, ValueError) as exc:
@@ -95,16 +109,7 @@ def policy_agent(name: str, settings: Settings) -> Agent:
             f"cannot load the tokenizer from {settings.tokenizer_path}: {exc} "
             "(set policy_tokenizer, or run `farm policy prepare`)"
         ) from None
-    policy = PolicyClient(
-        PolicyConfig(
-            urls=list(settings.policy_urls),
-            model=settings.policy_model,
-            timeout_s=settings.policy_timeout_s,
-            retry_budget_s=settings.policy_retry_budget_s,
-            max_connections=max(8, settings.concurrency),
-        )
-    )
-    return PolicyAgent(env, policy, tokenizer, loop_settings)
+    return TokenPolicy(PolicyClient(config), tokenizer)
 
 
 def known_agents(settings: Settings | None = None) -> set[str]:

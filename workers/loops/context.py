@@ -1,7 +1,7 @@
 """What an agent is to the worker: the Agent protocol and the context each run gets.
 
-Apart from the registry (workers.loops.agent) so the agents themselves (workers.loops.loop, workers.loops.noop,
-workers.loops.hosted) import only this, and the registry imports them: no import cycle.
+Apart from the registry (workers.loops.agent) so the agents themselves (workers.loops.loop,
+workers.loops.noop) import only this, and the registry imports them: no import cycle.
 """
 
 from __future__ import annotations

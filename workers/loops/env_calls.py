@@ -1,8 +1,8 @@
 """What every agent loop shares: reading the row and the sampling, one tool call, the verdict.
 
-Every loop kind (token-in/token-out in workers/loops/loop.py, the openai client in
-workers/loops/hosted.py) must treat tools and verifiers the same way, or rollouts of one
-environment would be scored differently depending on the policy kind:
+The agent loop (workers/loops/loop.py) runs them for every policy backend (token ids in and
+out, or the openai client), and they must treat tools and verifiers the same way, or rollouts
+of one environment would be scored differently depending on the policy kind:
 
 - a tool's problems (unknown name, bad arguments, an exception, running past
   `tool_timeout_s`) go back to the model as the tool's result and are counted in the

@@ -1,4 +1,5 @@
-"""The policy agent loop: token-in, token-out turns against the policy, tools, then the verifier.
+"""The agent loop: policy turns, tools, follow-up user turns, then the verifier; one driver for
+every policy backend (workers/policy/protocol.py: token ids in and out, or the openai client).
 
 Loop kinds (AgentSettings.loop):
   single_turn   one policy call, then verify;
@@ -7,10 +8,15 @@ Loop kinds (AgentSettings.loop):
   multi_turn    like tool_use, and when the model answers, the next follow-up user message
                 from the row (`follow_up_messages`) is appended, until none are left.
 
-The trace keeps the first prompt's ids, then every sampled id (env_mask 1, with its logprob)
-and every id the environment inserted (env_mask 0, logprob 0.0). Before each call the new
-prompt is checked to extend the previous prompt + completion exactly; a broken invariant
-fails the rollout (kind `invariant`) rather than feeding the trainer wrong tokens.
+A turn cut at max_tokens, a turn that did not end (no EOS), or a conversation past the
+model's context ends the rollout `truncated` (the last two: the first one's flag). Tools and
+the verifier run through workers/loops/env_calls.py with the same limits for every backend.
+What a backend keeps of the conversation (the token trace and its invariants, or the chat
+messages / Responses items) is its `Conversation`; the loop only adds to it and reads the
+rollout's token fields from it at the end.
+
+The model is called in one place, `AgentLoop._model_turn`: the place to cancel an open model
+request. Replicas are chosen by the rotation from the rollout's `Session`, made in `_start`.
 """
 
 from __future__ import annotations
@@ -20,60 +26,58 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from envs.sdk import AgentSettings, Environment, Tool, Transcript
-from farm.errors import RolloutFailure
-from farm.schema import ErrorKind, Rollout, Task, Timings, TokenTrace
+from farm.schema import Rollout, Task, Timings
 from workers.loops.context import AgentContext
 from workers.loops.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
-from workers.policy.chat import ChatTokenizer, chat_tools, parse_tool_calls
-from workers.policy.tokens import ContextOverflow, PolicyClient, Session
+from workers.policy.chat import ChatTokenizer, chat_tools
+from workers.policy.protocol import Call, ContextOverflow, Conversation, Policy, Session, Turn
+from workers.policy.token_policy import CompletionClient, TokenPolicy
 
 
 @dataclass
 class Episode:
-    """One rollout in progress: the conversation, the token trace so far, and what it cost."""
+    """One rollout in progress: its conversation, what the environment saw, and what it cost."""
 
-    history: list[dict]
-    template_tools: Any
+    convo: Conversation
     followups: list[str]
     row: Any  # the environment's typed Row
     state: Any
     sampling: dict
-    prompt: list[int]
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    turns: list[tuple[int, int]] = field(default_factory=list)
+    session: Session
     output: list[dict] = field(default_factory=list)
     calls_made: list[dict] = field(default_factory=list)
     metrics: dict = field(default_factory=lambda: {"turns": 0, "tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0})
     timings: Timings = field(default_factory=Timings)
-    session: Session = field(default_factory=Session)
     truncated: bool = False
     final_text: str = ""
-    sent: Optional[list[int]] = None
-    versions: tuple[Optional[int], Optional[int]] = (None, None)  # policy version at start, and at end if changed
 
 
-class PolicyAgent(EnvironmentAgent):
-    def __init__(
-        self, env: Environment, policy: PolicyClient, tokenizer: ChatTokenizer, settings: Optional[AgentSettings] = None
-    ):
+class AgentLoop(EnvironmentAgent):
+    def __init__(self, env: Environment, policy: Policy[Any], settings: Optional[AgentSettings] = None):
         self.env = env
         self.policy = policy
-        self.tok = tokenizer
         self.settings = settings or env.agent
         self.tools: dict[str, Tool] = {t.name: t for t in env.tools()}
         self.schemas = chat_tools([t.schema() for t in self.tools.values()])
+
+    @classmethod
+    def over_tokens(
+        cls,
+        env: Environment,
+        client: CompletionClient,
+        tokenizer: ChatTokenizer,
+        settings: Optional[AgentSettings] = None,
+    ) -> "AgentLoop":
+        """The loop over the tokens backend, from a completion client (workers/policy/tokens.py's
+        PolicyClient, or a stand-in with its `complete` and `max_model_len`) and the tokenizer."""
+        return cls(env, TokenPolicy(client, tokenizer), settings)
 
     async def close_policy(self) -> None:
         await self.policy.aclose()
 
     def ready(self) -> bool:
-        """Whether some policy replica can take a request now (the worker fetches only then).
-
-        A stand-in policy without replicas (tests' scripted policies) is always ready."""
-        ready = getattr(self.policy, "ready", None)
-        return ready is None or ready()
+        """Whether some policy replica can take a request now (the worker fetches only then)."""
+        return self.policy.ready()
 
     async def wait_ready(self) -> None:
         await self.policy.wait_ready()
@@ -83,77 +87,57 @@ class PolicyAgent(EnvironmentAgent):
         ep = self._start(task)
         mark = ctx.versions.mark() if ctx.versions is not None else None
         for step in range(self.settings.max_steps):
-            text = await self._sample(ep, step)
-            if text is None:
+            turn = await self._model_turn(ep, step)
+            if turn is None:
                 break
-            new = await self._respond(ep, text, step)
+            new = await self._respond(ep, turn)
             if not new or step == self.settings.max_steps - 1:
                 ep.metrics["hit_max_steps"] = bool(new)
                 break
-            self._append_env(ep, new)
-        if mark is not None and ctx.versions is not None:
-            ep.versions = ctx.versions.span(mark)
-        return await self._finish(task, ep)
+            ep.convo.extend(new)
+        versions = ctx.versions.span(mark) if mark is not None and ctx.versions is not None else (None, None)
+        return await self._finish(task, ep, versions)
 
-    def _start(self, task: Task) -> "Episode":
+    def _start(self, task: Task) -> Episode:
         row, params, messages, followups = read_row(self.env, task.row)
-        schemas = chat_tools(params["tools"]) if params.get("tools") else self.schemas
-        history, template_tools = self.tok.with_tools(messages, schemas)
+        tools = chat_tools(params["tools"]) if params.get("tools") else self.schemas
         return Episode(
-            history=history,
-            template_tools=template_tools,
+            convo=self.policy.conversation(messages, tools),
             followups=followups,
             row=row,
             state=self.env.new_state(row),
             sampling=sampling_for(task, self.settings.sampling),
-            prompt=self.tok.prompt_ids(history, template_tools),
+            session=Session(group=task.group_id),
         )
 
-    async def _sample(self, ep: "Episode", step: int) -> Optional[str]:
-        """One model turn appended to the trace; its text, or None when the rollout ends here."""
-        request = ep.prompt + ep.ids
-        if ep.sent is not None and request[: len(ep.sent)] != ep.sent:
-            raise RolloutFailure(ErrorKind.invariant, f"turn {step}: prompt does not extend the previous one")
-        budget = await self.policy.max_model_len(ep.session)
-        max_tokens = ep.sampling.get("max_tokens")
-        if budget is not None:
-            room = budget - len(request)
-            if room <= 0:
-                ep.truncated = True
-                return None
-            max_tokens = min(max_tokens or room, room)
+    async def _model_turn(self, ep: Episode, step: int) -> Optional[Turn]:
+        """One model turn, added to the conversation and the output; None when the rollout ends here."""
         t0 = time.perf_counter()
         try:
-            c = await self.policy.complete(request, {**ep.sampling, "max_tokens": max_tokens}, ep.session)
+            turn = await self.policy.turn(ep.convo, ep.sampling, ep.session, step)
         except ContextOverflow:
             ep.truncated = True
             return None
         finally:
             ep.timings.model_s += time.perf_counter() - t0
-        if len(c.ids) != len(c.logprobs):
-            raise RolloutFailure(ErrorKind.invariant, f"{len(c.ids)} ids but {len(c.logprobs)} logprobs")
-        ep.sent = request + c.ids
-        ep.turns.append((len(ep.ids), len(ep.ids) + len(c.ids)))
-        ep.ids += c.ids
-        ep.logprobs += c.logprobs
-        ep.mask += [1] * len(c.ids)
+        ep.convo.add_reply(turn)
         ep.metrics["turns"] += 1
-        ended = bool(c.ids) and c.ids[-1] == self.tok.eos_id
-        text = self.tok.decode(c.ids[:-1] if ended else c.ids)
-        ep.final_text = text
-        ep.output.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
-        if c.finish_reason == "length" or not ended:
-            ep.truncated = c.finish_reason == "length"
+        ep.final_text = turn.text
+        if turn.text or not turn.calls or self.settings.loop == "single_turn":
+            ep.output.append(
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": turn.text}]}
+            )
+        if turn.truncated or not turn.ended:
+            ep.truncated = turn.truncated
             return None
-        ep.history.append({"role": "assistant", "content": text})
-        return text
+        return turn
 
-    async def _respond(self, ep: "Episode", text: str, step: int) -> list[dict]:
+    async def _respond(self, ep: Episode, turn: Turn) -> list[dict]:
         """The environment's answer to a turn: its tool results, else the row's next user turn (multi_turn)."""
         new: list[dict] = []
-        if self.settings.loop != "single_turn":
+        if self.settings.loop != "single_turn" and turn.calls:
             t1 = time.perf_counter()
-            new = await self._run_tools(text, step, ep.state, ep.output, ep.calls_made, ep.metrics)
+            new = await self._run_tools(turn.calls, ep.state, ep.output, ep.calls_made, ep.metrics)
             ep.timings.tools_s += time.perf_counter() - t1
         if not new and self.settings.loop == "multi_turn" and ep.followups:
             new = [{"role": "user", "content": ep.followups.pop(0)}]
@@ -162,54 +146,26 @@ class PolicyAgent(EnvironmentAgent):
             )
         return new
 
-    def _append_env(self, ep: "Episode", new: list[dict]) -> None:
-        """The environment's messages as tokens in the trace (env_mask 0), without re-tokenizing sampled ids."""
-        try:
-            env_ids = self.tok.append_ids(ep.history, ep.template_tools, new)
-        except ValueError as exc:
-            raise RolloutFailure(ErrorKind.invariant, str(exc)) from None
-        ep.history += new
-        ep.ids += env_ids
-        ep.logprobs += [0.0] * len(env_ids)
-        ep.mask += [0] * len(env_ids)
+    async def _run_tools(
+        self, calls: list[Call], state: Any, output: list, calls_made: list, metrics: dict
+    ) -> list[dict]:
+        """Run each call; every result (or error) becomes a tool message, and goes into the output items."""
+        results = []
+        for call in calls:
+            result = await run_call(call, self.tools, state, self.settings.tool_timeout_s, output, calls_made, metrics)
+            results.append({"role": "tool", "tool_call_id": call.call_id, "content": result})
+        return results
 
-    async def _finish(self, task: Task, ep: "Episode") -> Rollout:
-        try:
-            trace = TokenTrace.build(ep.prompt, ep.ids, ep.logprobs, ep.mask, ep.turns)
-        except ValueError as exc:
-            raise RolloutFailure(ErrorKind.invariant, str(exc)) from None
-        ep.metrics.update(
-            prompt_tokens=len(ep.prompt),
-            completion_tokens=sum(ep.mask),
-            env_tokens=len(ep.mask) - sum(ep.mask),
-            replica_moves=ep.session.moves,
-        )
+    async def _finish(self, task: Task, ep: Episode, versions: tuple[Optional[int], Optional[int]]) -> Rollout:
+        fields = ep.convo.rollout_fields()
+        ep.metrics.update(ep.convo.token_metrics(), replica_moves=ep.session.moves)
         transcript = Transcript(
             final_text=ep.final_text, output=ep.output, tool_calls=ep.calls_made, truncated=ep.truncated
         )
-        rollout = await scored(
-            self.env,
-            task,
-            ep.row,
-            ep.state,
-            transcript,
-            self.settings.verify_timeout_s,
-            ep.metrics,
-            ep.timings,
-            trace=trace,
-        )
-        start, end = ep.versions
+        limit = self.settings.verify_timeout_s
+        rollout = await scored(self.env, task, ep.row, ep.state, transcript, limit, ep.metrics, ep.timings, **fields)
+        start, end = versions
         if start is not None:
             rollout.policy_version = start
         rollout.policy_version_end = end
         return rollout
-
-    async def _run_tools(
-        self, text: str, step: int, state: Any, output: list, calls_made: list, metrics: dict
-    ) -> list[dict]:
-        """Run the tool calls in `text`; every result (or error) becomes a tool message."""
-        results = []
-        for call in parse_tool_calls(text, step):
-            result = await run_call(call, self.tools, state, self.settings.tool_timeout_s, output, calls_made, metrics)
-            results.append({"role": "tool", "content": result})
-        return results

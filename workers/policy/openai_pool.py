@@ -1,12 +1,18 @@
-"""The openai client boundary of the hosted policy kinds: one client per replica, errors mapped once.
+"""The openai backend (policy_kind chat / responses): one client per replica, errors mapped once.
+
+Evaluation and offline collection against hosted APIs, or against vLLM's chat endpoint, need
+neither vLLM's /v1/completions nor the model's tokenizer: they speak chat completions or the
+Responses API and return text (the conversations are workers/policy/openai_convo.py's).
 
 One AsyncOpenAI client per base URL serves every agent loop of the worker process, made on
 first use, over aiohttp (`openai.DefaultAioHttpClient`: httpx's own pool collapses past ~1000
-concurrent requests) with at most `concurrency` connections. A rollout takes the replica with
-the fewest requests outstanding (one whose request just failed goes last for COOLDOWN_S) and
-keeps it for its whole conversation. The client itself retries connection errors,
-408/409/429 and 5xx `policy_max_retries` times, honouring Retry-After; what still fails is
-mapped here, the one place openai's exceptions are caught:
+concurrent requests) with at most `concurrency` connections. Replicas are chosen by the one
+rotation (workers/policy/rotation.py): a rollout takes the replica with the fewest requests
+outstanding (one whose request just failed goes last for COOLDOWN_S) and keeps it for its whole
+conversation, and `ready()` is the rotation's. Hosted APIs have no /health, so this backend's
+rotation runs no health probes, and errors never take a replica out of it. The client itself
+retries connection errors, 408/409/429 and 5xx `policy_max_retries` times, honouring
+Retry-After; what still fails is mapped here, the one place openai's exceptions are caught:
 
     connection error, timeout, 408/409/429, 5xx   -> RolloutFailure(policy, retryable=True)
     a 4xx about the context length                -> ContextOverflow (the rollout ends `truncated`)
@@ -24,19 +30,19 @@ Hermes `<tool_call>` tags are then parsed from the text.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import openai
 
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind
-from farm.settings import MASKED, Settings
-
-if TYPE_CHECKING:
-    from workers.loops.hosted import Conversation, Turn
+from farm.settings import MASKED
+from workers.policy.config import PolicyConfig
+from workers.policy.openai_convo import ChatConversation, OpenAIConversation, ResponsesConversation
+from workers.policy.protocol import ContextOverflow, PolicyUnavailable, Turn
+from workers.policy.rotation import Replica, Rotation, Session
 
 log = logging.getLogger("farm.hosted")
 
@@ -45,82 +51,98 @@ _OVERFLOW = ("maximum context length", "context length", "max_model_len", "promp
 _NO_TOOL_PARSER = "--enable-auto-tool-choice"
 
 
-class ContextOverflow(Exception):
-    """The conversation no longer fits the model's context: the rollout ends `truncated`."""
+class OpenAIPolicy:
+    """One AsyncOpenAI client per replica (made on first use); `kind` chat or responses."""
 
-
-class Replicas:
-    """One AsyncOpenAI client per base URL (made on first use), picked by least outstanding requests."""
-
-    def __init__(self, settings: Settings):
-        if not settings.policy_urls:
+    def __init__(self, config: PolicyConfig, kind: str):
+        if kind not in ("chat", "responses"):
+            raise ValueError(f"the openai backend serves policy_kind chat or responses, not {kind!r}")
+        if not config.urls:
             raise ValueError("no policy_urls")
-        self.settings = settings
-        self.urls = [f"{root}/v1" for root in settings.policy_urls]
-        n = len(self.urls)
+        self.config = config
+        self.kind = kind
+        self.rotation = Rotation(config, probes=False, failure_penalty_s=COOLDOWN_S)
+        self.replicas = self.rotation.replicas
+        self._index = {id(r): i for i, r in enumerate(self.replicas)}
+        n = len(self.replicas)
         self.clients: list[Optional[openai.AsyncOpenAI]] = [None] * n
-        self.outstanding = [0] * n
-        self.failed_at = [float("-inf")] * n
         self.prompted = [False] * n  # the server took no `tools`: describe them in the prompt
-        self._start = itertools.count()
 
-    def pick(self) -> int:
-        n, now, start = len(self.urls), time.monotonic(), next(self._start)
-        return min(
-            ((start + k) % n for k in range(n)),
-            key=lambda i: (now - self.failed_at[i] < COOLDOWN_S, self.outstanding[i]),
-        )
+    def conversation(self, messages: list[dict], tools: list[dict]) -> OpenAIConversation:
+        return (ChatConversation if self.kind == "chat" else ResponsesConversation)(messages, tools)
+
+    def ready(self) -> bool:
+        return self.rotation.ready()
+
+    async def wait_ready(self) -> None:
+        await self.rotation.wait_ready()
 
     def client(self, i: int) -> openai.AsyncOpenAI:
-        if self.clients[i] is None:
-            s = self.settings
-            self.clients[i] = openai.AsyncOpenAI(
-                base_url=self.urls[i],
-                api_key=s.policy_api_key or "EMPTY",
-                timeout=s.policy_timeout_s,
-                max_retries=s.policy_max_retries,
-                http_client=_http_client(max(8, s.concurrency)),
+        client = self.clients[i]
+        if client is None:
+            cfg = self.config
+            client = self.clients[i] = openai.AsyncOpenAI(
+                base_url=f"{self.replicas[i].url}/v1",
+                api_key=cfg.api_key or "EMPTY",
+                timeout=cfg.timeout_s,
+                max_retries=cfg.max_retries,
+                http_client=_http_client(cfg.max_connections),
             )
-        return self.clients[i]
+        return client
 
-    async def ask(self, i: int, convo: Conversation, sampling: dict, step: int) -> Turn:
-        self.outstanding[i] += 1
+    async def turn(self, convo: OpenAIConversation, sampling: dict, session: Session, step: int) -> Turn:
+        replica = self.rotation.pick(session) or await self._wait_for_replica(session)
+        i = self._index[id(replica)]
+        replica.outstanding += 1
         try:
             if self.prompted[i]:
                 convo.prompt_tools()
             try:
-                return await convo.turn(self.client(i), self.settings.policy_model, sampling, step)
+                turn = await convo.turn(self.client(i), self.config.model, sampling, step)
             except openai.BadRequestError as exc:
                 if _NO_TOOL_PARSER not in _server_message(exc) or not convo.tools:
                     raise
                 if not self.prompted[i]:
                     log.warning(
-                        "the policy at %s takes no tools (no --enable-auto-tool-choice); "
+                        "the policy at %s/v1 takes no tools (no --enable-auto-tool-choice); "
                         "describing them in the system prompt",
-                        self.urls[i],
+                        replica.url,
                     )
                 self.prompted[i] = True
                 convo.prompt_tools()
-                return await convo.turn(self.client(i), self.settings.policy_model, sampling, step)
+                turn = await convo.turn(self.client(i), self.config.model, sampling, step)
         except openai.OpenAIError as exc:
-            failure = self.failure(exc, i)
+            failure = self.failure(exc, replica)
             if isinstance(failure, RolloutFailure) and failure.retryable:
-                self.failed_at[i] = time.monotonic()
+                self.rotation.failed(replica, failure.message)
             raise failure from None
         finally:
-            self.outstanding[i] -= 1
+            replica.outstanding -= 1
+        self.rotation.ok(replica)
+        session.requests += 1
+        return turn
 
-    def failure(self, exc: openai.OpenAIError, i: int) -> Exception:
+    async def _wait_for_replica(self, session: Session) -> Replica:
+        """A replica once one is back in rotation, within the retry budget."""
+        budget = self.config.retry_budget_s
+        replica = await self.rotation.take(session, time.monotonic() + budget)
+        if replica is None:
+            raise PolicyUnavailable(
+                f"no policy replica could take work within the {budget:g}s retry budget (policy_retry_budget_s)"
+            )
+        return replica
+
+    def failure(self, exc: openai.OpenAIError, replica: Replica) -> Exception:
         """openai's exception as a RolloutFailure (or ContextOverflow); the one place they are mapped."""
-        s, where = self.settings, f"the policy at {self.urls[i]}"
-        tries = f"after {s.policy_max_retries + 1} tries"
+        cfg, where = self.config, f"the policy at {replica.url}/v1"
+        tries = f"after {cfg.max_retries + 1} tries"
         if isinstance(exc, openai.APIConnectionError):
             # The aiohttp transport reports a refused connection as a connect *timeout*: look at the root cause.
             root: BaseException = exc
             while root.__cause__ is not None:
                 root = root.__cause__
             if isinstance(root, TimeoutError) or "Timeout" in type(root).__name__:
-                message = f"{where} did not answer within {s.policy_timeout_s:g}s ({tries})"
+                message = f"{where} did not answer within {cfg.timeout_s:g}s ({tries})"
             else:
                 message = f"cannot reach {where} ({tries}): {type(root).__name__}: {root}"
             retryable = True
@@ -137,15 +159,16 @@ class Replicas:
         return RolloutFailure(ErrorKind.policy, self.scrub(message), retryable=retryable)
 
     def scrub(self, text: str) -> str:
-        key = self.settings.policy_api_key
+        key = self.config.api_key
         text = " ".join(text.split())
         return text.replace(key, MASKED) if key else text
 
     async def aclose(self) -> None:
+        await self.rotation.aclose()
         for client in self.clients:
             if client is not None:
                 await client.close()
-        self.clients = [None] * len(self.urls)
+        self.clients = [None] * len(self.replicas)
 
 
 def _server_message(exc: openai.APIStatusError) -> str:

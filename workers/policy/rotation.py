@@ -1,8 +1,9 @@
 """Which policy replica takes the next request: the rotation, cooling, health checks, affinity.
 
-The policy client (workers/policy/tokens.py) asks the rotation for a replica before every request and
-reports back how it answered; the rotation alone decides who is in rotation, so the request
-path never holds that state:
+Both policy backends (the token client, workers/policy/tokens.py, and the openai client,
+workers/policy/openai_pool.py) ask the rotation for a replica before every request and report
+back how it answered; the rotation alone decides who is in rotation, so the request path never
+holds that state, and both backends have the same `ready()`:
 
   in rotation   takes requests; a rollout (a `Session`) stays on its replica for the whole
                 conversation (prefix-cache reuse), new rollouts go where fewest are outstanding;
@@ -15,6 +16,13 @@ path never holds that state:
 task while none can. Health checks use a small session of their own, and a replica that
 answered a request within the last health interval is alive whatever a check says, so a
 saturated connection pool or event loop never takes a working replica out.
+
+Two settings belong to the backend that owns the rotation. `probes`: hosted APIs have no
+/health, so the openai backend's rotation runs no health checks, and since nothing could then
+bring a replica back, errors never take one out. `failure_penalty_s`: a replica whose request
+failed that recently goes last among the ready ones for new rollouts (the openai backend's
+COOLDOWN_S; 0, no effect, for the token client). New sessions are placed in `pick`, the one
+place a rollout's replica is chosen (and where its `group` would keep a group on one replica).
 """
 
 from __future__ import annotations
@@ -25,14 +33,12 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import aiohttp
 
 from farm.transport import backoff_delay
-
-if TYPE_CHECKING:
-    from workers.policy.tokens import PolicyConfig
+from workers.policy.config import PolicyConfig
 
 log = logging.getLogger("farm.policy")
 
@@ -48,7 +54,8 @@ class Replica:
     served: int = 0
     last_ok: float = 0.0  # monotonic time of the last good answer
     last_error: str = ""
-    session: Optional[aiohttp.ClientSession] = None
+    failed_at: float = float("-inf")  # monotonic time of the last failed request
+    session: Optional[aiohttp.ClientSession] = None  # the token backend's connections to it
 
     def ready(self, now: float) -> bool:
         return self.healthy and now >= self.cool_until
@@ -56,9 +63,10 @@ class Replica:
 
 @dataclass
 class Session:
-    """One rollout's affinity to a replica."""
+    """One rollout's affinity to a replica (`group`: its task's group_id)."""
 
     replica: Optional[Replica] = None
+    group: Optional[str] = None
     moves: int = 0
     requests: int = 0
 
@@ -78,8 +86,10 @@ def retry_after_s(value: Optional[str]) -> Optional[float]:
 
 
 class Rotation:
-    def __init__(self, config: PolicyConfig):
+    def __init__(self, config: PolicyConfig, probes: bool = True, failure_penalty_s: float = 0.0):
         self.config = config
+        self.probes = probes
+        self.failure_penalty_s = failure_penalty_s
         self.replicas = [Replica(u.rstrip("/")) for u in config.urls]
         self._monitor_task: Optional[asyncio.Task] = None
         self._health: Optional[aiohttp.ClientSession] = None
@@ -118,18 +128,22 @@ class Rotation:
         await self._event().wait()
 
     def pick(self, session: Session) -> Optional[Replica]:
+        """The session's replica while it can take work, else the ready one with the fewest requests
+        outstanding (one that failed within `failure_penalty_s` goes last); None when none is ready."""
         now = time.monotonic()
         current = session.replica
         if current is not None and current.ready(now):
             return current
         best: Optional[Replica] = None
+        best_rank = (False, 0)
         ties = 0
         for r in self.replicas:
             if not r.ready(now):
                 continue
-            if best is None or r.outstanding < best.outstanding:
-                best, ties = r, 1
-            elif r.outstanding == best.outstanding:
+            rank = (now - r.failed_at < self.failure_penalty_s, r.outstanding)
+            if best is None or rank < best_rank:
+                best, best_rank, ties = r, rank, 1
+            elif rank == best_rank:
                 ties += 1
                 if random.random() * ties < 1:
                     best = r
@@ -139,14 +153,28 @@ class Rotation:
             session.replica = best
         return best
 
+    async def take(self, session: Session, deadline: float) -> Optional[Replica]:
+        """pick(), waiting for a replica to come back until the monotonic `deadline` (then None)."""
+        while True:
+            replica = self.pick(session)
+            if replica is not None:
+                return replica
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self.wait_ready(), left)
+            except asyncio.TimeoutError:
+                return None
+
     def ok(self, replica: Replica) -> None:
         replica.errors = replica.cooldowns = 0
         replica.served += 1
         replica.last_ok = time.monotonic()
         if not replica.healthy:
-            self._back(replica)
+            self.put_back(replica)
 
-    def _back(self, replica: Replica) -> None:
+    def put_back(self, replica: Replica) -> None:
         replica.healthy, replica.errors, replica.cool_until = True, 0, 0.0
         log.info("policy replica %s back in rotation", replica.url)
         self._refresh()
@@ -154,10 +182,11 @@ class Rotation:
     def failed(self, replica: Replica, reason: str) -> None:
         replica.errors += 1
         replica.last_error = reason
-        if replica.healthy and replica.errors >= self.config.unhealthy_after:
-            self._out(replica, f"{replica.errors} errors in a row, last: {reason}")
+        replica.failed_at = time.monotonic()
+        if self.probes and replica.healthy and replica.errors >= self.config.unhealthy_after:
+            self.take_out(replica, f"{replica.errors} errors in a row, last: {reason}")
 
-    def _out(self, replica: Replica, reason: str) -> None:
+    def take_out(self, replica: Replica, reason: str) -> None:
         replica.healthy = False
         replica.last_error = reason
         log.warning("policy replica %s out of rotation: %s", replica.url, reason)
@@ -182,7 +211,7 @@ class Rotation:
         self._refresh()
 
     def ensure_monitor(self) -> None:
-        if self._monitor_task is None or self._monitor_task.done():
+        if self.probes and (self._monitor_task is None or self._monitor_task.done()):
             self._monitor_task = asyncio.create_task(self._monitor(), name="policy-health")
 
     async def _monitor(self) -> None:
@@ -199,11 +228,11 @@ class Rotation:
                     continue
                 alive = await self._alive(r)
                 if alive and not r.healthy:
-                    self._back(r)
+                    self.put_back(r)
                 elif not alive and r.healthy and time.monotonic() - r.last_ok > self.config.health_interval_s:
                     # A replica that answered a request lately is alive, whatever a check that
                     # timed out behind a saturated event loop says.
-                    self._out(r, "health check failed")
+                    self.take_out(r, "health check failed")
 
     async def _alive(self, r: Replica) -> bool:
         if self._health is None or self._health.closed:
@@ -218,12 +247,12 @@ class Rotation:
 
     async def check_health(self) -> dict[str, bool]:
         """Probe every replica now; take the dead ones out of rotation, bring back the live ones."""
-        for r in self.replicas:
+        for r in self.replicas if self.probes else ():
             alive = await self._alive(r)
             if alive and not r.healthy:
-                self._back(r)
+                self.put_back(r)
             elif not alive and r.healthy:
-                self._out(r, "health check failed")
+                self.take_out(r, "health check failed")
         return {r.url: r.healthy for r in self.replicas}
 
     async def aclose(self) -> None:

@@ -31,12 +31,9 @@ model calls in flight wait for one to come back instead of burning attempts. A m
 keeps trying for `retry_budget_s` seconds (a time, not a count, so an outage shorter than
 the budget costs nothing), then raises PolicyUnavailable with the last reason: a recorded
 `policy` failure, not retried by the worker, since the whole budget was already spent.
-A prompt that does not fit the context raises ContextOverflow (the loop's `truncated`).
-
-    RolloutFailure (kind `policy`)
-    ├── PolicyUnavailable   no replica answered within the retry budget
-    └── PolicyRejected      a 4xx, or an answer that cannot be read
-    ContextOverflow         the prompt does not fit (not a failure: a truncated rollout)
+A prompt that does not fit the context raises ContextOverflow (the loop's `truncated`); the
+errors are workers/policy/protocol.py's, the same for both backends. The backend the agent loop
+drives (chat template, budget, token trace) is workers/policy/token_policy.py, over this client.
 """
 
 from __future__ import annotations
@@ -44,16 +41,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import aiohttp
 import aiohttp.payload
 import msgspec
 
-from farm.errors import RolloutFailure
-from farm.schema import ErrorKind
 from farm.transport import backoff_delay
+from workers.policy.config import PolicyConfig
+from workers.policy.protocol import ContextOverflow, PolicyRejected, PolicyUnavailable
 from workers.policy.rotation import Replica, Rotation, Session, retry_after_s
 
 __all__ = [
@@ -73,20 +70,6 @@ _OVERFLOW = ("maximum context length", "context length", "too long", "max_model_
 _COOLING = (429, 503)
 _TOKEN_PREFIX = "token_id:"
 _json_encode = msgspec.json.Encoder().encode
-
-
-class ContextOverflow(Exception):
-    """The prompt (plus at least one new token) does not fit the model's context."""
-
-
-class PolicyUnavailable(RolloutFailure):
-    def __init__(self, message: str):
-        super().__init__(ErrorKind.policy, message, retryable=False)
-
-
-class PolicyRejected(RolloutFailure):
-    def __init__(self, message: str):
-        super().__init__(ErrorKind.policy, message, retryable=False)
 
 
 class _Logprobs(msgspec.Struct):
@@ -116,22 +99,6 @@ class Completion:
     finish_reason: str
     replica: str
     latency_s: float
-
-
-@dataclass
-class PolicyConfig:
-    urls: list[str]
-    model: str
-    timeout_s: float = 300.0  # one request
-    retry_budget_s: float = 120.0  # one model call, retries and waits for a replica included
-    backoff_s: float = 0.5
-    backoff_max_s: float = 8.0
-    unhealthy_after: int = 3  # consecutive errors before a replica leaves the rotation
-    probe_interval_s: float = 2.0  # how often replicas out of rotation are probed
-    health_interval_s: float = 15.0  # how often replicas in rotation are health-checked
-    max_connections: int = 64  # per replica: set it to the worker's concurrency
-    keepalive_s: float = 60.0
-    extra: dict[str, Any] = field(default_factory=dict)  # extra request fields for every call
 
 
 class PolicyClient:
@@ -202,16 +169,9 @@ class PolicyClient:
         deadline = time.monotonic() + cfg.retry_budget_s
         last, errors, stale = "", 0, 0
         while True:
-            replica = self.rotation.pick(session)
+            replica = self.rotation.pick(session) or await self.rotation.take(session, deadline)
             if replica is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    await asyncio.wait_for(self.rotation.wait_ready(), left)
-                except asyncio.TimeoutError:
-                    break
-                continue
+                break
             replica.outstanding += 1
             start = time.perf_counter()
             try:
