@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 import pytest
 import redis
 
-from farm.embedded import EmbeddedRedis
+from farm.embedded import EmbeddedRedis, free_port  # noqa: F401 (re-exported for the tests)
 from farm.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -350,14 +350,6 @@ def as_row(env, row):
     return env.check_row({"responses_create_params": {"input": "question"}, **row})
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def need_binary(name: str, package: str) -> str:
     """The path of a system binary the test needs; scripts/test installs it (apt) where it can.
     Missing: a skip that says why, except under CI=true, where it is a failure."""
@@ -379,3 +371,17 @@ def farm_process(args: list[str], redis_url: str, namespace: str, log: Path, **e
     full = {**base, "FARM_REDIS_URL": redis_url, "FARM_NAMESPACE": namespace, "PYTHONPATH": str(ROOT), **env}
     out = open(log, "ab")
     return subprocess.Popen([sys.executable, "-m", "farm", *args], cwd=ROOT, env=full, stdout=out, stderr=out)
+
+
+def processes_of(namespace: str) -> list[int]:
+    """Every process started with FARM_NAMESPACE=namespace (the pool supervisors and their workers)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if f"FARM_NAMESPACE={namespace}".encode() in environ.split(b"\0"):
+                out.append(int(pid))
+    return out

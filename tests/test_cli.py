@@ -25,7 +25,7 @@ import pytest
 
 from farm.cli import main
 
-from conftest import ROOT, free_port, spawn_worker, stop, wait_for, worker_env
+from conftest import ROOT, free_port, processes_of, spawn_worker, stop, wait_for, worker_env
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
@@ -620,19 +620,6 @@ def test_status_watch_under_an_80_column_terminal_and_in_a_pipe(settings, namesp
 # -- farm up -------------------------------------------------------------------------------
 
 
-def _processes_of(namespace: str) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            if f"FARM_NAMESPACE={namespace}".encode() in environ.split(b"\0"):
-                out.append(int(pid))
-    return out
-
-
 def _overview(port: int):
     import urllib.request
 
@@ -684,10 +671,10 @@ def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, 
             what="the dashboard farm up started to show the batch",
         )
         assert view["agents"]["noop"]["done_per_min"] > 0 and view["agents"]["noop"]["live_workers"] == 2
-        children = [p for p in _processes_of(namespace) if p != proc.pid]
+        children = [p for p in processes_of(namespace) if p != proc.pid]
         assert len(children) >= 3  # the pool supervisor and its two workers
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, rest
-    wait_for(lambda: not _processes_of(namespace), timeout=10, what="every process of the farm gone")
+    wait_for(lambda: not processes_of(namespace), timeout=10, what="every process of the farm gone")

@@ -6,7 +6,6 @@ exit code, and what was already started is stopped all the same."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from pathlib import Path
 
@@ -19,23 +18,9 @@ from farm.errors import FarmError
 from farm.settings import load_settings
 from workers.supervise.stack import LocalStack, Pool, policy_env
 
-from conftest import FAST, ROOT, free_port, wait_for
+from conftest import FAST, ROOT, free_port, processes_of, wait_for
 
 CHILD_ENV = {f"FARM_{k.upper()}": str(v) for k, v in FAST.items()} | {"PYTHONPATH": str(ROOT)}
-
-
-def _processes_of(namespace: str) -> list[int]:
-    """Every process started with FARM_NAMESPACE=namespace (the pool supervisors and their workers)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                continue
-            if f"FARM_NAMESPACE={namespace}".encode() in environ.split(b"\0"):
-                out.append(int(pid))
-    return out
 
 
 def _listening(port: int) -> bool:
@@ -76,10 +61,10 @@ def test_local_stack_starts_a_noop_farm_and_stops_all_of_it(tmp_path, namespace)
         r.close()
         procs = list(stack.procs)
         assert len(procs) == 1 and stack.exited() is None
-        assert len(_processes_of(namespace)) >= 3  # the pool supervisor and its two workers
+        assert len(processes_of(namespace)) >= 3  # the pool supervisor and its two workers
         assert (tmp_path / "data" / "logs" / "worker-noop.log").exists()
     assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]  # drained, not killed
-    assert not _processes_of(namespace), "a worker process outlived the stack"
+    assert not processes_of(namespace), "a worker process outlived the stack"
     wait_for(lambda: not _listening(port), timeout=10, what="the embedded Redis to stop")
 
 
@@ -95,7 +80,7 @@ def test_a_pool_that_cannot_start_is_named_and_the_rest_is_stopped(tmp_path, nam
         f"(log in {tmp_path / 'data' / 'logs'})"
     )
     assert "no_such_agent" in (tmp_path / "data" / "logs" / "t-no_such_agent.log").read_text()
-    assert not _processes_of(namespace), "the pool that did start outlived the failed stack"
+    assert not processes_of(namespace), "the pool that did start outlived the failed stack"
     wait_for(lambda: not _listening(port), timeout=10, what="the embedded Redis to stop")
 
 

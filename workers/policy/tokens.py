@@ -7,8 +7,8 @@ rollout on one replica (a `Session`) for its whole conversation so the prefix ca
 reused.
 
 Why aiohttp, one session per replica. This client carries thousands of concurrent agent
-loops per process. Measured on this project's 2-core machine against bench/policy_stub.py
-(50 ms latency, 5,000 requests, CPU per request in the client process):
+loops per process. Measured on this project's 2-core machine against the policy stub
+(workers/policy/stub; 50 ms latency, 5,000 requests, CPU per request in the client process):
 
     aiohttp, TCPConnector(limit=C)            C=64: 292 us   C=512: 236 us (211 us on uvloop)
     httpx over httpx-aiohttp's transport      C=64: 530 us   C=512: 467 us
