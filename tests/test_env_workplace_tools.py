@@ -234,7 +234,7 @@ async def test_errors_reach_the_model_as_tool_results():
     from workers.loops.env_calls import call_tool
     from workers.loops.loop import AgentLoop
 
-    agent = AgentLoop.over_tokens(ENV, policy=None, tokenizer=None)
+    agent = AgentLoop.over_tokens(ENV, client=None, tokenizer=None)
 
     def dispatch(name, arguments, state, metrics):
         return call_tool(agent.tools, name, arguments, state, agent.settings.tool_timeout_s, metrics)
