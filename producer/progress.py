@@ -18,9 +18,12 @@ class Live:
 
 
 def per_second(n: float, elapsed: float) -> str:
-    """A rate for people: one decimal below 10/s (an LLM run's 0.8/s is not "0/s"), none above."""
+    """A rate for people, to two significant digits below 10/s: an LLM run's 0.8/s is not "0/s",
+    and its first minute's 0.036/s is not "0.0/s"."""
     rate = n / max(elapsed, 1e-9)
-    return f"{rate:,.1f}/s" if rate < 10 else f"{rate:,.0f}/s"
+    if rate >= 10:
+        return f"{rate:,.0f}/s"
+    return f"{rate:.1f}/s" if rate >= 1 else f"{rate:.2g}/s" if rate > 0 else "0/s"
 
 
 def _line(name: str, v: Live, done: int, total: int, elapsed: float) -> str:

@@ -563,4 +563,5 @@ def test_the_table_counts_truncations_and_slow_rates_keep_a_decimal(capsys):
     assert cells["trunc"] == "17" and cells["rollouts"] == "32" and cells["failed"] == "1", lines
     assert all(len(line) <= 80 for line in lines), lines
     assert per_second(8, 10.0) == "0.8/s" and per_second(95, 10.0) == "9.5/s" and per_second(1234, 10.0) == "123/s"
+    assert per_second(1, 28.0) == "0.036/s" and per_second(0, 5.0) == "0/s"
     assert "0.8/s" in _line("mcqa", Live(done=8), 8, 32, 10.0)
