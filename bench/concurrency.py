@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import WorkerPool, answers, delete_namespace  # noqa: E402
 from workers.policy.stub import WEATHER_CALL, Script, StubProcess, weather_rows, weather_script  # noqa: E402
+from workers.supervise.stack import policy_env  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -166,9 +167,7 @@ async def farm_round(url: str, stub: StubProcess, model_dir: Path, concurrency: 
             concurrency,
             tmp,
             f"c{concurrency}",
-            FARM_POLICY_URLS=stub.url,
-            FARM_POLICY_MODEL="stub",
-            FARM_POLICY_TOKENIZER=str(model_dir),
+            **policy_env(stub.url, "stub", model_dir),
         ) as pool:
             client = FarmClient(settings)
             try:

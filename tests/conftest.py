@@ -28,6 +28,7 @@ import redis
 
 from farm.embedded import EmbeddedRedis, free_port  # noqa: F401 (re-exported for the tests)
 from farm.settings import Settings, load_settings
+from workers.supervise.stack import policy_env
 
 if TYPE_CHECKING:
     from farm.schema import Rollout, Sampling
@@ -173,9 +174,7 @@ def run_through_worker(
         agent,
         "--concurrency",
         "4",
-        FARM_POLICY_URLS=policy.url,
-        FARM_POLICY_MODEL=policy.served_model_name,
-        FARM_POLICY_TOKENIZER=str(model_dir),
+        **policy_env(policy.url, policy.served_model_name, model_dir),
         **env,
     )
     try:

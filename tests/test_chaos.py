@@ -30,6 +30,7 @@ from farm.schema import ErrorKind
 from workers.policy.stub import StubProcess
 from workers.policy.stub import weather_rows as stub_rows
 from workers.policy.stub import weather_script as script_for
+from workers.supervise import stack
 
 from conftest import make_settings, spawn_worker, stop
 
@@ -52,9 +53,7 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
     )
     stub = StubProcess(script_for(tokenizer), latency_s=0.05, jitter_s=0.05, workdir=tmp_path).start()
     policy_env = dict(
-        FARM_POLICY_URLS=stub.url,
-        FARM_POLICY_MODEL="stub",
-        FARM_POLICY_TOKENIZER=str(model_dir),
+        **stack.policy_env(stub.url, "stub", model_dir),
         FARM_REDIS_DOWN_MAX_S="60",
         FARM_MAX_ATTEMPTS="3",
         FARM_VISIBILITY_TIMEOUT_S="3.0",

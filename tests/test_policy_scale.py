@@ -24,6 +24,7 @@ from farm.keys import GROUP
 from workers.policy.stub import StubProcess
 from workers.policy.stub import weather_rows as rows
 from workers.policy.stub import weather_script as script_for
+from workers.supervise.stack import policy_env
 
 from conftest import ROOT, spawn_worker, stop, worker_env
 
@@ -45,9 +46,7 @@ def worker(settings, stub, model_dir, concurrency: int, **env: str):
         AGENT,
         "--concurrency",
         str(concurrency),
-        FARM_POLICY_URLS=stub.url,
-        FARM_POLICY_MODEL="stub",
-        FARM_POLICY_TOKENIZER=str(model_dir),
+        **policy_env(stub.url, "stub", model_dir),
         **env,
     )
 
