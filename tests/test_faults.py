@@ -445,6 +445,18 @@ def test_supervisor_does_not_restart_a_configuration_error(tmp_path):
     assert "configuration problem" in out
 
 
+@pytest.mark.parametrize("code", [2, 3, 5])
+def test_a_pool_stops_with_its_cause_not_with_the_signal_that_stopped_the_rest(tmp_path, code):
+    """One child exits with a code that stops the pool (3: Redis gone, with no Redis to ask); the
+    other is still running and dies of the pool's SIGTERM. The pool's status is the cause, never 15."""
+    first = f"(time.sleep(0.3), sys.exit({code}))"
+    child = f"import os; time.sleep(60) if os.environ['FARM_WORKER_SLOT'] != '0' else {first}"
+    proc = _pool(tmp_path, child, processes=2)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == code, out
+    assert _starts(tmp_path) == 2, out
+
+
 def test_worker_pool_children_get_arguments_they_accept(settings, tmp_path, sync_redis):
     """`farm --config c.yaml worker --processes 2`: both children run, and stop on SIGTERM."""
     cfg = tmp_path / "c.yaml"

@@ -85,10 +85,13 @@ def run_pool(
     kill_at: Optional[float] = None  # Redis is gone: a draining child could settle nothing, so it gets 1 s
     killed: set[int] = set()  # pids killed for that: their -9 is not the pool's status
 
-    def stop_all(why: str) -> None:
-        nonlocal stopping
+    cause: Optional[int] = None  # the code that stopped the pool: its status, whatever the rest die of
+
+    def stop_all(why: str, code: int) -> None:
+        nonlocal stopping, cause
         if not stopping:
             log.error("stopping the pool: %s", why)
+            cause = code
         stopping = True
         due.clear()
         for c in children.values():
@@ -124,12 +127,13 @@ def run_pool(
                 codes.append(code)
                 stop_all(
                     f"worker pid {c.pid} exited with {code} (a configuration problem; "
-                    "restarting would fail the same way)"
+                    "restarting would fail the same way)",
+                    code,
                 )
                 continue
             if code == EXIT_TRANSPORT and not (redis_ok is not None and redis_ok()):
                 codes.append(code)
-                stop_all(f"worker pid {c.pid} exited with {code}: Redis unavailable past redis_down_max_s")
+                stop_all(f"worker pid {c.pid} exited with {code}: Redis unavailable past redis_down_max_s", code)
                 kill_at = now + 1.0  # its tasks stay pending in Redis and are reclaimed once it is back
                 continue
             delay = window.allow(now)
@@ -137,7 +141,8 @@ def run_pool(
                 codes.append(code)
                 stop_all(
                     f"worker pid {c.pid} exited with {code}; {max_restarts} restarts within "
-                    f"{window_s:g}s already (restart_max / restart_window_s)"
+                    f"{window_s:g}s already (restart_max / restart_window_s)",
+                    code,
                 )
                 continue
             log.warning(
@@ -149,4 +154,4 @@ def run_pool(
                 window_s,
             )
             due[slot] = now + delay
-    return max((abs(c) for c in codes), default=0)
+    return cause if cause is not None else max((abs(c) for c in codes), default=0)
