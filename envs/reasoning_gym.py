@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from typing import Any, Optional, Union
 
 from envs.cpu import CpuPool
 from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict
+
+log = logging.getLogger("farm.envs.reasoning_gym")
 
 
 class ReasoningRow(Row):
@@ -82,8 +85,8 @@ def warm(tasks: tuple[str, ...], configs: tuple[dict, ...]) -> None:
         try:
             entry = _jsonable(reasoning_gym.create_dataset(task, size=1, seed=0, **config)[0])
             score(task, str(entry["answer"]), entry)
-        except Exception:
-            pass
+        except Exception as exc:  # its rows fail on their own, each with this reason; say it once here
+            log.warning("reasoning_gym task %r not warmed: %s: %s", task, type(exc).__name__, exc)
 
 
 def _jsonable(entry: dict) -> dict:
