@@ -171,8 +171,9 @@ class NemoGymServer(Environment):
         max_connections: int = 64,
     ):
         """`url`: the resource server's base URL; `tools`: the tools it serves (names or schemas);
-        `timeout_s`: each request's limit (the loop's tool and verify limits sit above it, so the
-        request's own, clearer, reason is the one recorded)."""
+        `timeout_s`: each request's limit, counted from when it holds one of the `max_connections`
+        connections (waiting for one is not the server's delay); the loop's tool and verify limits
+        sit above it, so the request's own, clearer, reason is the one recorded."""
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http(s) URL, got {url!r}")
         self.url = url.rstrip("/")
@@ -185,6 +186,7 @@ class NemoGymServer(Environment):
         limit = timeout_s * 2 + 5  # a tool call or a verify may seed the session first: two requests
         self.agent = AgentSettings(loop="tool_use", tool_timeout_s=limit, verify_timeout_s=limit)
         self._http: Optional[aiohttp.ClientSession] = None
+        self._slots: Optional[asyncio.Semaphore] = None  # one per connection: the queue outside the clock
 
     # --- the shared client ---
 
@@ -203,6 +205,7 @@ class NemoGymServer(Environment):
                 cookie_jar=aiohttp.DummyCookieJar(),  # cookies are per rollout (Session), never shared
                 timeout=self.timeout,
             )
+            self._slots = asyncio.Semaphore(self.max_connections)
         return self._http
 
     def _fail(self, kind: ErrorKind, route: str, reason: str, retryable: bool = False) -> RolloutFailure:
@@ -212,11 +215,14 @@ class NemoGymServer(Environment):
     async def _post(self, session: Session, route: str, body: Any, kind: ErrorKind) -> tuple[int, str]:
         """(status, body text) of one request in the rollout's session; RolloutFailure when no answer came."""
         headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in session.cookies.items())} if session.cookies else {}
+        client = self._client()
+        assert self._slots is not None
         try:
-            async with self._client().post(self.url + route, json=body, headers=headers) as resp:
-                text = (await resp.read()).decode("utf-8", "replace")
-                session.cookies.update({name: morsel.coded_value for name, morsel in resp.cookies.items()})
-                return resp.status, text
+            async with self._slots:  # the request's clock (the client's timeout) starts with its connection
+                async with client.post(self.url + route, json=body, headers=headers) as resp:
+                    text = (await resp.read()).decode("utf-8", "replace")
+                    session.cookies.update({name: morsel.coded_value for name, morsel in resp.cookies.items()})
+                    return resp.status, text
         except asyncio.TimeoutError:
             raise self._fail(kind, route, f"no answer within {self.timeout_s:g}s", retryable=True) from None
         except aiohttp.ClientError as exc:

@@ -6,7 +6,7 @@ Why a stand-in: the real server (tests/nemo_gym_serve.py) needs nemo-gym's own v
 with a newer Python; where that cannot be built, these tests still run the protocol, and this one
 can also misbehave on request, which a real server will not do: a row's `standin_verify` field
 makes /verify answer HTTP 500, 503, non-JSON, JSON without `reward`, a reward that is not a number,
-or slowly; `standin_components` adds `reward_components` to the answer.
+slowly (3 s), or after a pause (0.4 s); `standin_components` adds `reward_components` to the answer.
 
 As NeMo Gym's session middleware does, every response carries the session cookie, a request
 without one starts a new session, and the counter lives per session. Everything the server
@@ -84,6 +84,8 @@ def make_app(seen: list[tuple[str, str, dict]], counters: dict[str, int]) -> Fas
             return PlainTextResponse("<html>oops</html>")
         if mode == "slow":
             await asyncio.sleep(3)
+        if mode == "pause":  # a verifier that takes its time, well within any limit
+            await asyncio.sleep(0.4)
         counter = counters.get(sid)
         reward = float(counter is not None and counter == body.get("expected_count"))
         calls = [i for i in body["response"]["output"] if i.get("type") == "function_call"]

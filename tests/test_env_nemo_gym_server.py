@@ -239,6 +239,21 @@ async def test_a_verify_that_gives_no_verdict_fails_the_rollout_with_a_one_line_
     assert "\n" not in failure.message
 
 
+async def test_a_request_waiting_for_a_connection_is_not_timed_as_the_servers_delay(standin):
+    """Four verifies of 0.4 s each on one connection with a 1 s limit: the last waits 1.2 s for the
+    connection, then gets its answer in 0.4 s. It is not "no answer within 1s": the queue is this
+    process's (thousands of loops on a few connections), not the server's."""
+    import asyncio
+
+    env = NemoGymServer(standin.url, tools=NAMES, timeout_s=1.0, max_connections=1)
+    try:
+        done = [await rollout(env, counter_row(6, 6, standin_verify="pause")) for _ in range(4)]
+        verdicts = await asyncio.gather(*(env.verify(typed, session, transcript()) for typed, session, _ in done))
+    finally:
+        await env.aclose()
+    assert [v.reward for v in verdicts] == [1.0] * 4
+
+
 async def test_an_unreachable_server_fails_the_rollout_with_the_reason():
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     env = NemoGymServer(url, tools=NAMES)
