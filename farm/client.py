@@ -20,15 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, AsyncIterator, Callable, Iterable, Optional
 
 import redis.asyncio as aioredis
 
-from farm import schema
+from farm import cancel, schema
+from farm.cancel import CancelReport
 from farm.connection import connect
 from farm.errors import ConfigError, SchemaError
-from farm.keys import Keys
+from farm.keys import Keys, check_name
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.state import live_workers_async
@@ -202,12 +203,20 @@ class FarmClient:
         by_stream = self._entries(tasks)
         agents = {t.agent_ref.name for t in tasks}
 
+        runs = Counter(t.run_id for t in tasks)
+        now = time.time()
+
         async def add() -> None:
             for agent in agents - self._groups:
                 await ensure_group(self.r, self.keys.tasks(agent))
                 await self.r.sadd(self.keys.agents(), agent)
                 self._groups.add(agent)
             pipe = self.r.pipeline(transaction=False)
+            # Open before added: a worker that settles the task at once finds its record (farm.cancel).
+            pipe.zadd(self.keys.open_tasks(), {t.task_id: now for t in tasks})
+            pipe.zremrangebyscore(self.keys.open_tasks(), "-inf", now - cancel.OPEN_MAX_AGE_S)
+            for run, n in runs.items():
+                pipe.hincrby(self.keys.open_runs(), run, n)
             for stream, entries in by_stream.items():
                 for fields in entries:
                     pipe.xadd(stream, fields)
@@ -288,6 +297,40 @@ class FarmClient:
     ) -> dict[str, Rollout]:
         await self.submit(tasks)
         return await self.collect(tasks, timeout_s, on_progress)
+
+    async def cancel(self, tasks: Iterable[Task | str]) -> CancelReport:
+        """Cancel tasks (Task objects or ids): a queued one is never run, a running one is stopped at
+        once (its model request closed, its verifier killed); each ends in one `cancelled` rollout
+        on its run's result stream. Ids that are unknown or already settled are reported, not an error."""
+        ids = cancel.task_ids(tasks)
+        for tid in ids:
+            if not tid or len(tid) > 256 or any(c.isspace() for c in tid):
+                raise ConfigError(f"{tid[:80]!r} is not a task id (no spaces, 1-256 characters)")
+        if not ids:
+            return CancelReport()
+        opened = await self.outage.call(
+            lambda: cancel.send(self.r, self.keys, ids, self.settings.cancel_ttl_s), "sending cancels"
+        )
+        report = CancelReport()
+        for tid, was_open in zip(ids, opened):
+            (report.open if was_open else report.not_open).append(tid)
+        log.debug("cancel: %s", report.line())
+        return report
+
+    async def cancel_run(self, run_id: str) -> CancelReport:
+        """Cancel every task of a run, queued or running, and any submitted to it later within
+        cancel_ttl_s; each ends in one `cancelled` rollout. A run with no open task is reported, and a
+        run never seen here (no task, no result stream) is reported and not recorded."""
+        try:
+            check_name(run_id, "run id")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        count = await self.outage.call(
+            lambda: cancel.send_run(self.r, self.keys, run_id, self.settings.cancel_ttl_s), "sending a run's cancel"
+        )
+        report = CancelReport(run_id=run_id, open_count=count or 0, run_known=count is not None)
+        log.debug("cancel: %s", report.line())
+        return report
 
     async def live_agents(self) -> set[str]:
         """Agents with at least one live worker (their heartbeats have not expired)."""

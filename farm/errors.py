@@ -12,6 +12,7 @@
     │   ├── MalformedEntry     missing fields, bad msgpack, wrong types
     │   └── UnknownSchemaVersion
     ├── UnknownAgent           no agent registered under that name
+    ├── NotFound               a run (or task) this namespace has never seen
     └── RolloutFailure         a rollout that failed for a reason the agent knows;
                                carries an ErrorKind and whether another attempt may help
 
@@ -19,7 +20,7 @@ Each class carries the exit code a command ends with when it stops on that error
 so a supervisor can tell a configuration mistake (never restarted) from a crash (restarted):
 
     0 ok · 1 crash or other FarmError · 2 ConfigError / usage · 3 TransportError (Redis)
-    4 RedisAuthError · 5 UnknownAgent · 130 interrupted
+    4 RedisAuthError · 5 UnknownAgent · 6 NotFound (a run or task that does not exist) · 130 interrupted
 
 A bad rollout is data, not a crash: the worker turns a RolloutFailure (or any other
 exception, or a timeout) into a `failed` Rollout with the reason, after bounded retries.
@@ -30,6 +31,7 @@ from __future__ import annotations
 from enum import Enum
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_TRANSPORT, EXIT_AUTH, EXIT_UNKNOWN_AGENT = 0, 1, 2, 3, 4, 5
+EXIT_NOT_FOUND = 6
 EXIT_INTERRUPTED = 130
 # Exit codes a supervisor must not restart on: the same start would fail the same way.
 NOT_RESTARTABLE = frozenset({EXIT_CONFIG, EXIT_AUTH, EXIT_UNKNOWN_AGENT})
@@ -55,6 +57,7 @@ class ErrorKind(str, Enum):
     bad_reply_to = "bad_reply_to"  # reply_to is not a result stream of the farm's namespace
     too_large = "too_large"  # the rollout is bigger than max_entry_bytes
     sandbox_error = "sandbox_error"  # the code sandbox's machinery failed (never the program's 0)
+    cancelled = "cancelled"  # a client cancelled the task (farm.cancel): never run, or stopped in flight
 
 
 class FarmError(Exception):
@@ -115,6 +118,12 @@ class UnknownAgent(FarmError):
     """No agent is registered under the requested name."""
 
     exit_code = EXIT_UNKNOWN_AGENT
+
+
+class NotFound(FarmError):
+    """A run or task this namespace has never seen (a mistyped id, another --namespace)."""
+
+    exit_code = EXIT_NOT_FOUND
 
 
 class RolloutFailure(FarmError):

@@ -66,6 +66,8 @@ def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float
     out: dict[str, float] = {}
     if rollout.ok:
         out["done"] = 1
+    elif rollout.status == "cancelled":
+        out["cancelled"] = 1
     else:
         out["failed"] = 1
         kind = rollout.error.kind if rollout.error is not None else "unknown"

@@ -8,6 +8,11 @@
 {ns}:dead-results       stream of result entries a consumer could not decode (entry + reason)
 {ns}:hist:{agent}:{min} hash of one minute's history of an agent (farm.history; expires)
 {ns}:samples:{agent}    capped stream of sampled rollouts, for the dashboard's rollout viewer
+{ns}:cancel:tasks       zset of cancelled task ids (score = when the cancel expires; farm.cancel)
+{ns}:cancel:runs        zset of cancelled run ids (likewise)
+{ns}:cancel_events      pub/sub channel: `task ID ...` or `run ID ...` when a client cancels
+{ns}:open               zset of open task ids, scored by submit time (written at submit, removed at settle)
+{ns}:open_runs          hash of open tasks per run id (likewise)
 {ns}:agents             set of agent names that ever had tasks
 {ns}:worker:{id}        heartbeat of a live worker (JSON, expires)
 """
@@ -70,6 +75,26 @@ class Keys:
 
     def agents(self) -> str:
         return f"{self.ns}:agents"
+
+    def cancel_tasks(self) -> str:
+        """Cancelled task ids, scored by when the cancel expires (farm.cancel)."""
+        return f"{self.ns}:cancel:tasks"
+
+    def cancel_runs(self) -> str:
+        """Cancelled run ids, scored by when the cancel expires (farm.cancel)."""
+        return f"{self.ns}:cancel:runs"
+
+    def cancel_events(self) -> str:
+        """Pub/sub channel: `task ID ...` or `run ID ...` as a client cancels (farm.cancel)."""
+        return f"{self.ns}:cancel_events"
+
+    def open_tasks(self) -> str:
+        """Task ids submitted and not yet settled, scored by submit time (a cancel says which are not open)."""
+        return f"{self.ns}:open"
+
+    def open_runs(self) -> str:
+        """How many tasks of each run are submitted and not yet settled."""
+        return f"{self.ns}:open_runs"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.ns}:worker:{worker_id}"

@@ -12,26 +12,18 @@ was announced in between (or was running at either end), so a rollout whose toke
 from two sets of weights says so. With no trainer announcing anything both are None and the
 rollout keeps the version its task carried.
 
-The watch has no retry loop of its own: subscribing and reading go through the process's
-`Outage` (farm.transport), so while Redis is away the process retries once, warns at most once
-a second whatever the subsystem, and gives up on one clock.
+The watch is a farm.watch.ChannelWatch: one subscription per process, read again on every
+resubscription, through the process's `Outage` (no retry loop of its own).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from redis import exceptions as rx
-
-from farm.errors import RedisUnavailable, TransportError
 from farm.keys import Keys
-from farm.tasks import cancel_and_wait
 from farm.transport import Outage
-
-log = logging.getLogger("farm.policy_version")
+from farm.watch import ChannelWatch
 
 
 @dataclass(frozen=True)
@@ -65,28 +57,17 @@ def _int(raw: Any) -> Optional[int]:
         return None
 
 
-class PolicyVersions:
+class PolicyVersions(ChannelWatch):
     """The live version and any version being loaded, kept current from the events channel."""
 
+    what = "policy versions"
+
     def __init__(self, redis: Any, keys: Keys, outage: Outage):
-        self.r, self.keys, self.outage = redis, keys, outage
+        super().__init__(redis, keys.policy_events(), outage)
+        self.keys = keys
         self.live: Optional[int] = None
         self.loading: Optional[int] = None
         self.events = 0  # bumped on every announcement (and on every resubscription: unknown gap)
-        self._task: Optional[asyncio.Task] = None
-        self._ready = asyncio.Event()
-
-    async def start(self, wait_s: float = 5.0) -> None:
-        self._task = asyncio.create_task(self._watch(), name="policy-versions")
-        try:
-            await asyncio.wait_for(self._ready.wait(), wait_s)
-        except asyncio.TimeoutError:
-            log.warning("policy versions not read within %.0fs; rollouts keep their tasks' versions", wait_s)
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-            self._task = None
 
     def mark(self) -> Mark:
         return Mark(self.live, self.loading, self.events)
@@ -97,37 +78,10 @@ class PolicyVersions:
             return start.live, None
         return start.live, self.loading if self.loading is not None else self.live
 
-    async def _subscribe(self) -> Any:
-        """A subscription, then the state it starts from (subscribed first: no event falls between)."""
-        pubsub = self.r.pubsub()
-        try:
-            await pubsub.subscribe(self.keys.policy_events())
-            live, loading = await self.r.mget(self.keys.policy_version(), self.keys.policy_next())
-        except BaseException:
-            await asyncio.shield(pubsub.aclose())
-            raise
+    async def _read(self) -> None:
+        live, loading = await self.r.mget(self.keys.policy_version(), self.keys.policy_next())
         self.live, self.loading = _int(live), _int(loading)
         self.events += 1  # a new subscription: whatever happened in the gap counts as a change
-        self._ready.set()
-        return pubsub
-
-    async def _watch(self) -> None:
-        while True:
-            try:
-                pubsub = await self.outage.call(self._subscribe, "watching policy versions")
-            except RedisUnavailable:
-                return  # the process gives up on the same clock; nothing more to say here
-            except TransportError as exc:
-                log.error("policy version watch stopped: %s", exc)
-                return
-            try:
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        self._apply(message.get("data"))
-            except (rx.RedisError, OSError) as exc:  # the subscription dropped: resubscribe via the Outage
-                log.info("policy version subscription lost (%s); resubscribing", type(exc).__name__)
-            finally:
-                await asyncio.shield(pubsub.aclose())
 
     def _apply(self, data: Any) -> None:
         text = data.decode() if isinstance(data, bytes) else str(data)

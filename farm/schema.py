@@ -33,6 +33,7 @@ class Status(str, Enum):
     ok = "ok"
     truncated = "truncated"
     failed = "failed"
+    cancelled = "cancelled"  # a client cancelled it (farm.cancel); carries an error of kind `cancelled`
 
 
 def pack_i32(values: Iterable[int]) -> bytes:
@@ -215,8 +216,8 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     finished_at: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.status is Status.failed and self.error is None:
-            raise ValueError("a failed rollout must carry an error")
+        if self.status in (Status.failed, Status.cancelled) and self.error is None:
+            raise ValueError(f"a {self.status} rollout must carry an error")
 
     @classmethod
     def for_task(cls, task: Task, **fields: Any) -> "Rollout":
@@ -239,9 +240,16 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             task, status=Status.failed, error=RolloutError(kind=ErrorKind(kind), message=message), **fields
         )
 
+    @classmethod
+    def cancelled(cls, task: Task, message: str, **fields: Any) -> "Rollout":
+        """The one rollout of a task a client cancelled (never retried, never dead-lettered)."""
+        error = RolloutError(kind=ErrorKind.cancelled, message=message)
+        return cls.for_task(task, status=Status.cancelled, error=error, **fields)
+
     @property
     def ok(self) -> bool:
-        return self.status is not Status.failed
+        """Answered: `ok` or `truncated`; a `failed` or `cancelled` rollout carries an error instead."""
+        return self.status is Status.ok or self.status is Status.truncated
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -21,10 +21,12 @@ import msgspec
 
 # Settle one task: write what it produced, then acknowledge it, in one script, so a task is
 # never acknowledged unless its rollout (or dead letter) was written.
-# KEYS: tasks stream, stats hash, then one stream per appended entry.
+# KEYS: tasks stream, stats hash, open-tasks zset, open-runs hash (farm.cancel), then one stream
+# per appended entry.
 # ARGV: group, entry id, stats field, result-stream prefix, index in KEYS of the reply stream
-# (0: none), then for each appended stream: n, maxlen (0: uncapped), the stats field that
-# counts trimmed entries ('': not counted), field1, value1, ... (n pairs).
+# (0: none), task id and run id ('': unknown; the task is no longer open once settled), then
+# for each appended stream: n, maxlen (0: uncapped), the stats field that counts trimmed entries
+# ('': not counted), field1, value1, ... (n pairs).
 # Returns 1 settled; 0 already settled (not pending: a replay, or another worker's reclaim);
 # -1 the reply stream is outside the namespace's result streams; -2 an appended key holds a
 # value that is not a stream. On -1/-2 nothing is written or acknowledged.
@@ -35,12 +37,12 @@ if reply > 0 then
   local key, prefix = KEYS[reply], ARGV[4]
   if #key <= #prefix or string.sub(key, 1, #prefix) ~= prefix then return -1 end
 end
-for k = 3, #KEYS do
+for k = 5, #KEYS do
   local t = redis.call('TYPE', KEYS[k])['ok']
   if t ~= 'none' and t ~= 'stream' then return -2 end
 end
-local a = 6
-for k = 3, #KEYS do
+local a = 8
+for k = 5, #KEYS do
   local n, maxlen, dropstat = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
   a = a + 3
   local fields = {}
@@ -55,6 +57,10 @@ end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+if ARGV[6] ~= '' and redis.call('TYPE', KEYS[3])['ok'] == 'zset' then redis.call('ZREM', KEYS[3], ARGV[6]) end
+if ARGV[7] ~= '' and redis.call('TYPE', KEYS[4])['ok'] == 'hash' then
+  if redis.call('HINCRBY', KEYS[4], ARGV[7], -1) <= 0 then redis.call('HDEL', KEYS[4], ARGV[7]) end
+end
 return 1
 """
 
@@ -168,7 +174,7 @@ SETTLED, NOT_PENDING = 1, 0
 
 # What a settle makes of its task once the script settled it: the stats field the script
 # increments, and the worker counter of the same name the Settler moves.
-Outcome = Literal["done", "failed", "dead", "retried"]
+Outcome = Literal["done", "failed", "dead", "retried", "cancelled"]
 
 
 class HistoryCount(msgspec.Struct, frozen=True, kw_only=True):

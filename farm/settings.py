@@ -79,6 +79,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dead_maxlen: int = 100_000  # dead letters kept per agent; older ones are dropped and counted
     consumer_idle_s: float = 300.0  # a group consumer with nothing pending, idle this long, is removed
     summary_every_s: float = 60.0  # a worker logs a one-line summary this often
+    cancel_ttl_s: float = 86400.0  # a cancel is kept this long: a task fetched later still ends `cancelled`
     no_workers_timeout_s: float = 300.0  # `farm collect` gives up on an agent that has had no live worker this long
     # Policy: the OpenAI-compatible servers (vLLM) the agent loops call.
     policy_urls: list[str] = []  # FARM_POLICY_URLS: comma-separated base URLs
@@ -125,6 +126,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "restart_window_s",
             "max_entry_bytes",
             "no_workers_timeout_s",
+            "cancel_ttl_s",
             "history_ttl_s",
             "sample_keep",
             "dead_maxlen",

@@ -4,18 +4,16 @@ Every call goes through the process's farm.transport.Outage (the one retry layer
 nothing here catches a redis-py exception itself. Reads go through the consumer group
 (`XREADGROUP ... COUNT free_slots`), so a worker never holds more tasks than it can run.
 Settling a task (rollout to reply_to + XACK, a retry into the delayed set, or a dead
-letter) is one Lua script per task; the Settler
+letter) is one Lua script per task; the Settler (farm.settler)
 pipelines the scripts of many finished tasks into one round trip, which is what lets a
 single worker process settle thousands of rollouts a second.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
-from collections import Counter
 from typing import Any, Iterable, Optional
 
 import redis.asyncio as aioredis
@@ -24,9 +22,8 @@ from redis.exceptions import NoScriptError, ResponseError
 from farm import history, schema
 from farm.history import Recording
 from farm.keys import GROUP, Keys, text
-from farm.scripts import NOT_PENDING, SETTLED, SHAS, SOURCES, HistoryCount, Outcome, SettleOp
-from farm.tasks import cancel_and_wait
-from farm.transport import Outage, mapped
+from farm.scripts import SHAS, SOURCES, HistoryCount, Outcome, SettleOp
+from farm.transport import Outage
 
 log = logging.getLogger("farm.streams")
 
@@ -170,13 +167,16 @@ class AgentStream:
         appends: Iterable[tuple],
         reply_to: Optional[str] = None,
         bucket: Optional[dict[str, float]] = None,
+        ids: tuple[str, str] = ("", ""),
     ) -> SettleOp:
         """SETTLE for one entry. `appends`: (stream, fields) or (stream, fields, maxlen, dropped-stat);
         `reply_to`, when given, is the first appended stream and is checked by the script; `bucket`
         (this minute's history increments, farm.history) rides along for the Settler, which adds
-        it once the settle has acknowledged the task."""
-        keys = [self.stream, self.stats]
-        args: list = [GROUP, entry_id, outcome, self.keys.results_prefix(), 3 if reply_to is not None else 0]
+        it once the settle has acknowledged the task; `ids` (task id, run id) is no longer open
+        once settled (farm.cancel)."""
+        keys = [self.stream, self.stats, self.keys.open_tasks(), self.keys.open_runs()]
+        reply_index = 5 if reply_to is not None else 0
+        args: list = [GROUP, entry_id, outcome, self.keys.results_prefix(), reply_index, *ids]
         appends = list(appends)
         if reply_to is not None:
             assert appends and appends[0][0] == reply_to, "the reply is the first appended stream"
@@ -218,10 +218,15 @@ class AgentStream:
         if self.rec.sample_every and random.random() * self.rec.sample_every < 1:
             appends.append((self.keys.samples(self.agent), fields, self.rec.sample_keep, ""))
         bucket = history.increments(rollout, self.rec.pass_threshold)
+        ids = (rollout.task_id, rollout.run_id)
         if rollout.ok:
-            return self.settle_op(entry_id, "done", "", appends, reply_to=reply_to, bucket=bucket)
+            return self.settle_op(entry_id, "done", "", appends, reply_to=reply_to, bucket=bucket, ids=ids)
+        if rollout.status is schema.Status.cancelled:
+            return self.settle_op(
+                entry_id, "cancelled", "cancelled", appends, reply_to=reply_to, bucket=bucket, ids=ids
+            )
         kind = str(rollout.error.kind) if rollout.error is not None else "unknown"
-        return self.settle_op(entry_id, "failed", kind, appends, reply_to=reply_to, bucket=bucket)
+        return self.settle_op(entry_id, "failed", kind, appends, reply_to=reply_to, bucket=bucket, ids=ids)
 
     def retry_op(self, entry_id: str, task: schema.Task, due: float, kind: str) -> SettleOp:
         """RETRY: the task (its next attempt) into the delayed set until `due`; `kind` is why the attempt failed."""
@@ -258,136 +263,15 @@ class AgentStream:
         }
         appends: list[tuple] = [(self.keys.dead(self.agent), letter, self.rec.dead_maxlen, "dead_dropped")]
         if reply is None:
-            return self.settle_op(entry_id, "dead", kind, appends, bucket={"failed": 1, f"fail:{kind}": 1})
+            info = schema.salvage(fields)  # a rare path: whatever still names the task stops being open
+            ids = tuple(v if isinstance(v, str) else "" for v in (info.get("task_id"), info.get("run_id")))
+            return self.settle_op(
+                entry_id, "dead", kind, appends, bucket={"failed": 1, f"fail:{kind}": 1}, ids=(ids[0], ids[1])
+            )
         # The reply goes first: a bad reply_to is found before the dead letter is written.
         bucket = history.increments(reply[1], self.rec.pass_threshold)
         reply_append = (reply[0], schema.entry(reply[1]))
-        return self.settle_op(entry_id, "dead", kind, [reply_append, *appends], reply_to=reply[0], bucket=bucket)
-
-
-class Settler:
-    """Batches settle scripts from many concurrent rollouts into pipelined round trips.
-
-    `await settler.run(op)` returns the script's result (1 settled, 0 already settled by
-    someone else, -1/-2 a bad reply stream: see farm.scripts.SETTLE). Connection errors are
-    retried by the Outage; the scripts are idempotent, so replaying a batch whose reply was
-    lost is safe. A script that fails inside Redis fails only its own task, mapped to the
-    farm's error.
-
-    The worker's counters move here, by what the script answered, never by what the worker
-    meant to do: a settle that settled its task counts as its outcome (done, failed, dead,
-    retried), one that found its task already settled counts only as a `duplicate`, one that
-    failed as `unsettled` (the task stays pending), and one whose reply stream was refused not
-    at all (the dead letter that replaces it counts).
-
-    The history (farm.history) costs no round trip and no work per task: the increments of the
-    settles that acknowledged (result 1) are summed per bucket, and each bucket's sum rides in
-    the next batch's pipeline as one BUCKET script (or goes alone after FLUSH_S without one).
-    A settle that was already settled elsewhere is not counted; a pipeline replayed after a
-    lost reply may count its buckets twice, and a worker killed with -9 loses at most its
-    last FLUSH_S of counts: the history is for watching, the stats hash and the streams hold
-    the exact record.
-    """
-
-    FLUSH_S = 1.0
-
-    def __init__(self, r: aioredis.Redis, outage: Outage, counters: Optional[Counter] = None, max_batch: int = 512):
-        self.r, self.outage, self.max_batch = r, outage, max_batch
-        self.counters: Counter = Counter() if counters is None else counters
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self._task: Optional[asyncio.Task] = None
-        self._counts: dict[tuple[str, str, int], dict[str, float]] = {}
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="settler")
-
-    async def run(self, op: SettleOp) -> int:
-        fut = asyncio.get_running_loop().create_future()
-        await self.queue.put((op, fut))
-        return await fut
-
-    async def close(self) -> None:
-        if self._task:
-            await cancel_and_wait([self._task])
-        if self._counts:  # the last counts, once, without waiting out an outage
-            try:
-                await self._pipeline([], self._take_counts())
-            except Exception as exc:  # noqa: BLE001 - history only; the settles themselves are done
-                log.warning("could not write the last history counts: %s", exc)
-
-    async def _next(self) -> Optional[tuple[SettleOp, asyncio.Future]]:
-        if not self._counts:
-            return await self.queue.get()
-        try:
-            return await asyncio.wait_for(self.queue.get(), self.FLUSH_S)
-        except asyncio.TimeoutError:
-            return None
-
-    async def _loop(self) -> None:
-        while True:
-            first = await self._next()
-            batch = [first] if first is not None else []
-            while len(batch) < self.max_batch and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
-            counts = self._take_counts()
-            ops = [op for op, _ in batch]
-            try:
-                results = await self.outage.call(lambda: self._execute(ops, counts), "settling rollouts")
-            except Exception as exc:  # TransportError after the bounded retries: tasks stay pending
-                self._add_counts(counts)
-                self.counters["unsettled"] += len(batch)
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            for (op, fut), res in zip(batch, results):
-                self._count(op, res)
-                if fut.done():
-                    continue
-                if isinstance(res, Exception):
-                    fut.set_exception(mapped(res, self.outage.url))
-                else:
-                    fut.set_result(res)
-
-    def _count(self, op: SettleOp, res: Any) -> None:
-        """Count one settle by the script's answer (see the class docstring)."""
-        if isinstance(res, Exception):
-            self.counters["unsettled"] += 1
-        elif res == SETTLED:
-            self.counters[op.outcome] += 1
-            if op.history is not None:
-                h = op.history
-                self._add_bucket((h.bucket, h.stream, h.ttl_s), h.increments)
-        elif res == NOT_PENDING:
-            self.counters["duplicate"] += 1
-
-    def _add_counts(self, counts: dict[tuple[str, str, int], dict[str, float]]) -> None:
-        for bucket, inc in counts.items():
-            self._add_bucket(bucket, inc)
-
-    def _add_bucket(self, bucket: tuple[str, str, int], inc: dict[str, float]) -> None:
-        total = self._counts.setdefault(bucket, {})
-        for k, v in inc.items():
-            total[k] = total.get(k, 0) + v
-
-    def _take_counts(self) -> dict[tuple[str, str, int], dict[str, float]]:
-        counts, self._counts = self._counts, {}
-        return counts
-
-    async def _execute(self, ops: list[SettleOp], counts: dict) -> list:
-        results = await self._pipeline(ops, counts)
-        if any(isinstance(x, NoScriptError) for x in results):
-            await load_scripts(self.r)  # Redis restarted and lost its script cache
-            results = await self._pipeline(ops, counts)
-        return results[: len(ops)]
-
-    async def _pipeline(self, ops: list[SettleOp], counts: dict) -> list:
-        pipe = self.r.pipeline(transaction=False)
-        for op in ops:
-            pipe.evalsha(SHAS[op.script], len(op.keys), *op.keys, *op.args)
-        for (key, stream, ttl), inc in counts.items():
-            args = [ttl]
-            for k, v in inc.items():
-                args += [k, v if type(v) is int else f"{v:.9f}"]  # a float always has a '.'
-            pipe.evalsha(SHAS["bucket"], 2, key, stream, *args)
-        return await pipe.execute(raise_on_error=False)
+        ids = (reply[1].task_id, reply[1].run_id)
+        return self.settle_op(
+            entry_id, "dead", kind, [reply_append, *appends], reply_to=reply[0], bucket=bucket, ids=ids
+        )

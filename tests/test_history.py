@@ -14,7 +14,7 @@ from farm import history
 from farm.client import FarmClient
 from farm.history import LATENCY_EDGES_S, decode_bucket, latency_bin, merge, quantile, summary
 from farm.schema import Rollout, Status, Task, Timings
-from farm.streams import Settler
+from farm.settler import Settler
 from farm.transport import Outage
 
 from conftest import consumer_with_tasks, in_process_worker, make_settings, run_script

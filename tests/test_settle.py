@@ -17,7 +17,8 @@ from farm.connection import connect
 from farm.errors import TransportError
 from farm.schema import ErrorKind, Status
 from farm.scripts import NOT_PENDING, SETTLED
-from farm.streams import AgentStream, Settler
+from farm.settler import Settler
+from farm.streams import AgentStream
 from farm.transport import Outage
 
 from conftest import async_wait_for, consumer_with_tasks, run_script

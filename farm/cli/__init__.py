@@ -9,7 +9,7 @@ the layer that does the work (farm, workers, producer, trainer), which tests cal
 
 Expected failures end in one line, `farm: <what went wrong and what to do>`, and an exit code
 of its kind (farm.errors): 2 usage or configuration, 3 Redis unavailable, 4 Redis refused
-the credentials, 5 unknown agent, 1 anything else, 130 interrupted. `--debug` shows the
+the credentials, 5 unknown agent, 6 no such run, 1 anything else, 130 interrupted. `--debug` shows the
 traceback. Shell completion: `farm completion bash` (or zsh, fish) prints the script.
 """
 
@@ -25,7 +25,7 @@ from farm.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_INTERRUPTED, FarmError
 
 # isort: off
 from farm.cli.base import cli  # the root group, which the modules below register their commands on
-from farm.cli import services, jobs, data, dead  # noqa: F401
+from farm.cli import services, jobs, data, dead, cancel  # noqa: F401
 # isort: on
 
 __all__ = ["cli", "main"]

@@ -19,6 +19,7 @@ from typing import Optional
 import msgspec
 
 from farm import schema
+from farm.cancel import Cancels
 from farm.errors import RolloutFailure, SchemaError
 from farm.schema import ErrorKind, Rollout, Task
 from farm.scripts import SettleOp
@@ -33,12 +34,34 @@ log = logging.getLogger("farm.worker")
 class Outcomes:
     """Settle operations for one worker's entries; the Settler counts them once Redis has answered."""
 
-    def __init__(self, settings: Settings, stream: AgentStream, agent: Agent, ctx: AgentContext):
+    def __init__(
+        self,
+        settings: Settings,
+        stream: AgentStream,
+        agent: Agent,
+        ctx: AgentContext,
+        cancels: Optional[Cancels] = None,
+    ):
         self.settings = settings
         self.stream = stream
         self.agent = agent
         self.ctx = ctx
         self.worker_id = ctx.worker_id
+        self.cancels = cancels
+        # The agent runs in flight, by task id: (run id, the run's asyncio task, when it started).
+        self.running: dict[str, tuple[str, asyncio.Task, float]] = {}
+        self.stopped = 0  # runs stopped in flight by a cancel
+
+    def stop(self, task_ids: set[str], run_ids: set[str]) -> None:
+        """A cancel arrived (farm.cancel): stop the matching runs now; each then settles as `cancelled`."""
+        hits = [tid for tid in task_ids if tid in self.running]
+        if run_ids:
+            hits += [tid for tid, (run, _, _) in self.running.items() if run in run_ids and tid not in task_ids]
+        for tid in hits:
+            self.running[tid][1].cancel()
+
+    def _cancelled(self, task: Task) -> bool:
+        return self.cancels is not None and self.cancels.cancelled(task.task_id, task.run_id)
 
     async def of(self, entry_id: str, fields: dict, deliveries: int, picked: float) -> SettleOp:
         s = self.settings
@@ -54,6 +77,9 @@ class Outcomes:
             return st.dead_op(entry_id, fields, ErrorKind.bad_reply_to, reason, deliveries)
 
         attempt = task.attempt + deliveries - 1
+        if self._cancelled(task):  # a set lookup: the cancel reached this process already (farm.cancel)
+            rollout = Rollout.cancelled(task, "cancelled before it started")
+            return st.reply_op(entry_id, self._stamp(rollout, task, attempt, picked), task.reply_to)
         if attempt > s.max_attempts:
             reason = (
                 f"delivered {attempt} times without finishing (max_attempts={s.max_attempts}); "
@@ -73,12 +99,19 @@ class Outcomes:
         if task.deadline is not None:
             limit = min(limit, task.deadline - picked)
         task_for_agent = msgspec.structs.replace(task, attempt=attempt) if attempt != task.attempt else task
+        run = asyncio.ensure_future(self.agent.run(task_for_agent, self.ctx))
+        self.running[task.task_id] = (task.run_id, run, time.monotonic())
         try:
-            rollout = await asyncio.wait_for(self.agent.run(task_for_agent, self.ctx), timeout=max(limit, 0.001))
+            rollout = await asyncio.wait_for(run, timeout=max(limit, 0.001))
             if not isinstance(rollout, Rollout):
                 raise TypeError(f"agent returned {type(rollout).__name__}, not a Rollout")
         except asyncio.CancelledError:
-            raise
+            if not run.cancelled() or _stopping() or not self._cancelled(task):
+                raise  # the worker is stopping: the task is handed back, not settled
+            self.stopped += 1
+            took = time.monotonic() - self.running[task.task_id][2]
+            rollout = Rollout.cancelled(task, f"cancelled after {took:.2f}s in flight; its work was stopped")
+            return st.reply_op(entry_id, self._stamp(rollout, task, attempt, picked), task.reply_to)
         except RolloutFailure as exc:
             if exc.retryable:
                 return self._retry_or_give_up(entry_id, fields, task, attempt, str(exc.kind), exc.message, picked)
@@ -94,6 +127,8 @@ class Outcomes:
             return self._retry_or_give_up(
                 entry_id, fields, task, attempt, ErrorKind.agent_error, f"{type(exc).__name__}: {exc}", picked
             )
+        finally:
+            self.running.pop(task.task_id, None)
         rollout, fields = self._fit(self._stamp(rollout, task, attempt, picked), task)
         return st.reply_op(entry_id, rollout, task.reply_to, fields)
 
@@ -125,6 +160,9 @@ class Outcomes:
         self, entry_id: str, fields: dict, task: Task, attempt: int, kind: str, message: str, picked: float
     ) -> SettleOp:
         s = self.settings
+        if self._cancelled(task):  # cancelled while this attempt ran: never retried, never dead-lettered
+            rollout = Rollout.cancelled(task, f"cancelled; its last attempt had failed: {message}")
+            return self.stream.reply_op(entry_id, self._stamp(rollout, task, attempt, picked), task.reply_to)
         if attempt >= s.max_attempts:
             return self._give_up(
                 entry_id, fields, task, kind, f"failed {attempt} attempts; last: {message}", attempt, picked
@@ -166,3 +204,11 @@ class Outcomes:
         return msgspec.structs.replace(
             rollout, worker_id=self.worker_id, attempt=attempt, timings=timings, finished_at=now
         )
+
+
+def _stopping() -> bool:
+    """Whether the task running this is itself being cancelled (the worker stopping), not only the
+    agent run inside it (a client's cancel)."""
+    me = asyncio.current_task()
+    cancelling = getattr(me, "cancelling", None)  # Python 3.11+
+    return bool(cancelling and cancelling())

@@ -8,8 +8,10 @@ refreshes the heartbeat.
 
 Each task ends in exactly one settle step (see farm.streams): a rollout to reply_to, a
 delayed retry with jittered exponential backoff, or, after max_attempts, a dead letter
-plus a `failed` rollout; the Settler counts it in the worker's counters by what Redis
-answered. On SIGTERM/SIGINT the worker stops fetching, lets in-flight rollouts finish
+plus a `failed` rollout; a task a client cancelled (farm.cancel) ends in a `cancelled` rollout,
+without running when the cancel came first, stopped at once when it came while it ran. The
+Settler counts each in the worker's counters by what Redis answered. On SIGTERM/SIGINT the
+worker stops fetching, lets in-flight rollouts finish
 within the grace period, and hands the rest back (their idle time is set past the
 visibility timeout so other workers take them at once). A second signal skips
 the grace period; one within SAME_STOP_S of the first is the same stop delivered twice (a
@@ -38,6 +40,7 @@ import uuid
 from collections import Counter
 from typing import Optional
 
+from farm.cancel import Cancels
 from farm.connection import connect
 from farm.errors import (
     ConfigError,
@@ -50,7 +53,8 @@ from farm.history import Recording
 from farm.policy_version import PolicyVersions
 from farm.scripts import NOT_PENDING
 from farm.settings import Settings
-from farm.streams import BAD_REPLY, AgentStream, Settler
+from farm.settler import Settler
+from farm.streams import BAD_REPLY, AgentStream
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage
 from workers.delivery.chores import VERSION, Summary, dump_tasks, raise_open_files, serve_metrics
@@ -95,6 +99,7 @@ class Worker:
         self.outage = Outage.for_settings(settings)
         self._fatal: Optional[TransportError] = None
         self.ctx = AgentContext(worker_id=self.worker_id, settings=settings)
+        self.cancels: Optional[Cancels] = None
 
     # -- control -----------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -148,6 +153,10 @@ class Worker:
         self.ctx.versions = PolicyVersions(self.r, self.settings.keys, self.outage)
         await self.ctx.versions.start()
         self.outcomes = Outcomes(self.settings, self.stream, self.agent, self.ctx)
+        # Cancels reach this process on one subscription; fetching consults the mirror (farm.cancel).
+        self.cancels = Cancels(self.r, self.settings.keys, self.outage, on_cancel=self.outcomes.stop)
+        await self.cancels.start()
+        self.outcomes.cancels = self.cancels
         self.settler = Settler(self.r, self.outage, self.counters)
         self.settler.start()
         log.info(
@@ -180,6 +189,8 @@ class Worker:
             await self._bounded(self.agent.aclose(), "closing the agent")
             if self.ctx.versions is not None:
                 await self._bounded(self.ctx.versions.aclose(), "stopping the policy version watch")
+            if self.cancels is not None:
+                await self._bounded(self.cancels.aclose(), "stopping the cancel watch")
             await self._bounded(self.r.aclose(), "closing the connection")
             log.info("worker stopped", extra={"worker": self.worker_id, **self.counters})
         if self._fatal is not None:

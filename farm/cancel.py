@@ -1,0 +1,177 @@
+"""Cancelling tasks: a client marks task ids or a run cancelled, and every worker process knows
+within milliseconds, without a Redis round trip per task.
+
+The signal. `{ns}:cancel:tasks` and `{ns}:cancel:runs` (sorted sets, scored by when each cancel
+expires, `cancel_ttl_s` after it was sent) hold every cancel; `{ns}:cancel_events` carries one
+message per cancel call (`task EXPIRY ID ...`, `run EXPIRY ID ...`). A worker process keeps one
+`Cancels` mirror (a farm.watch.ChannelWatch: subscribed first, then the sets read, and read again
+on every resubscription, so a cancel sent while the worker was disconnected is not lost). The
+worker asks the mirror, a set lookup, before it starts a task; a message naming a task that runs
+in the process stops it at once (`on_cancel`). Either way the task settles once, as a `cancelled`
+rollout (farm.schema.Status.cancelled), through the same settle script as any other rollout: a
+cancel that races a finishing rollout yields one of the two, never both.
+
+Open tasks. So that a cancel can say which of its ids were still queued or running, the client
+records every task it submits in `{ns}:open` (task id, scored by submit time) and counts them per
+run in `{ns}:open_runs`, in the pipeline that adds the tasks; the settle script removes both when
+it settles the task. An id that is not open is unknown or already settled: cancelling it is a
+no-op that says so. Records older than `OPEN_MAX_AGE_S` (a task whose stream was deleted) are
+dropped at the next submit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+from farm.keys import Keys, text
+from farm.transport import Outage
+from farm.watch import ChannelWatch
+
+CHUNK = 1000  # ids per message and per command
+OPEN_MAX_AGE_S = 7 * 86400.0
+PRUNE_EVERY_S = 60.0
+
+OnCancel = Callable[[set[str], set[str]], None]  # (task ids, run ids) just cancelled
+
+
+@dataclass
+class CancelReport:
+    """What one cancel call did: `open` ids were queued or running (each now ends in one
+    `cancelled` rollout, or its own rollout when it was finishing at that moment); `not_open`
+    ids were unknown or already settled (nothing to stop). For a run, `open_count` is how many of
+    its tasks were open; `run_known` is False for a run never seen (then nothing was recorded)."""
+
+    open: list[str] = field(default_factory=list)
+    not_open: list[str] = field(default_factory=list)
+    run_id: Optional[str] = None
+    open_count: int = 0
+    run_known: bool = True
+
+    def line(self) -> str:
+        """One line for a person."""
+        if self.run_id is not None:
+            if not self.run_known:
+                return f"run {self.run_id} does not exist here (no tasks, no results): nothing cancelled"
+            if not self.open_count:
+                return (
+                    f"run {self.run_id} has no queued or running tasks (unknown, or every task settled): "
+                    "nothing to cancel"
+                )
+            return f"cancelled run {self.run_id}: {self.open_count} queued or running tasks end as `cancelled`"
+        parts = []
+        if self.open:
+            parts.append(f"cancelled {len(self.open)} queued or running tasks")
+        if self.not_open:
+            parts.append(
+                f"{len(self.not_open)} unknown or already finished (nothing to cancel; e.g. {self.not_open[0]})"
+            )
+        return "; ".join(parts) or "no task ids given"
+
+    @property
+    def nothing(self) -> bool:
+        return not self.open and not self.open_count
+
+
+def task_ids(tasks: Iterable[Any]) -> list[str]:
+    """Ids of Task objects or of ids given as text, in order, once each."""
+    out: dict[str, None] = {}
+    for t in tasks:
+        tid = t if isinstance(t, str) else getattr(t, "task_id", None)
+        if not isinstance(tid, str):
+            raise TypeError(f"cancel takes Task objects or task ids, not {type(t).__name__}")
+        out[tid] = None
+    return list(out)
+
+
+async def send(r: Any, keys: Keys, ids: list[str], ttl_s: float) -> list[bool]:
+    """Record and announce cancels of these task ids; returns, per id, whether it was open."""
+    now = time.time()
+    expires = now + ttl_s
+    opened: list[bool] = []
+    for i in range(0, len(ids), CHUNK):
+        chunk = ids[i : i + CHUNK]
+        pipe = r.pipeline(transaction=True)
+        pipe.zmscore(keys.open_tasks(), chunk)
+        pipe.zadd(keys.cancel_tasks(), {tid: expires for tid in chunk})
+        pipe.zremrangebyscore(keys.cancel_tasks(), "-inf", now)
+        pipe.publish(keys.cancel_events(), " ".join(["task", f"{expires:.3f}", *chunk]))
+        scores, *_ = await pipe.execute()
+        opened += [s is not None for s in scores]
+    return opened
+
+
+async def send_run(r: Any, keys: Keys, run_id: str, ttl_s: float) -> Optional[int]:
+    """Record and announce a run's cancel; returns how many of its tasks were open, or None (and
+    records nothing) for a run this namespace has never seen: no open task and no result stream."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hget(keys.open_runs(), run_id)
+    pipe.exists(keys.results(run_id))
+    count, seen = await pipe.execute()
+    if count is None and not seen:
+        return None
+    now = time.time()
+    expires = now + ttl_s
+    pipe = r.pipeline(transaction=True)
+    pipe.hget(keys.open_runs(), run_id)
+    pipe.zadd(keys.cancel_runs(), {run_id: expires})
+    pipe.zremrangebyscore(keys.cancel_runs(), "-inf", now)
+    pipe.publish(keys.cancel_events(), f"run {expires:.3f} {run_id}")
+    count, *_ = await pipe.execute()
+    return max(0, int(count or 0))
+
+
+class Cancels(ChannelWatch):
+    """A worker process's mirror of every live cancel: `cancelled(task_id, run_id)` costs two set
+    lookups; `on_cancel(task_ids, run_ids)` is called for each cancel message as it arrives."""
+
+    what = "cancels"
+
+    def __init__(self, redis: Any, keys: Keys, outage: Outage, on_cancel: Optional[OnCancel] = None):
+        super().__init__(redis, keys.cancel_events(), outage)
+        self.keys = keys
+        self.on_cancel = on_cancel
+        self.tasks: dict[str, float] = {}  # id -> when the cancel expires
+        self.runs: dict[str, float] = {}
+        self._next_prune = time.monotonic() + PRUNE_EVERY_S
+
+    def cancelled(self, task_id: str, run_id: str) -> bool:
+        return task_id in self.tasks or run_id in self.runs
+
+    async def _read(self) -> None:
+        now = time.time()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrangebyscore(self.keys.cancel_tasks(), now, "+inf", withscores=True)
+        pipe.zrangebyscore(self.keys.cancel_runs(), now, "+inf", withscores=True)
+        tasks, runs = await pipe.execute()
+        self.tasks = {text(k): float(v) for k, v in tasks}
+        self.runs = {text(k): float(v) for k, v in runs}
+        if self.on_cancel is not None and (self.tasks or self.runs):
+            self.on_cancel(set(self.tasks), set(self.runs))  # any that started while we were away
+
+    def _apply(self, data: Any) -> None:
+        what, expires, *ids = text(data).split(" ")
+        try:
+            until = float(expires)
+        except ValueError:
+            return
+        if what == "task":
+            self.tasks.update(dict.fromkeys(ids, until))
+            tasks, runs = set(ids), set()
+        elif what == "run":
+            self.runs.update(dict.fromkeys(ids, until))
+            tasks, runs = set(), set(ids)
+        else:
+            return
+        if self.on_cancel is not None:
+            self.on_cancel(tasks, runs)
+        if time.monotonic() >= self._next_prune:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget cancels past their expiry (bounded memory; checked once a minute at most)."""
+        self._next_prune = time.monotonic() + PRUNE_EVERY_S
+        now = time.time()
+        self.tasks = {k: v for k, v in self.tasks.items() if v > now}
+        self.runs = {k: v for k, v in self.runs.items() if v > now}
