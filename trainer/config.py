@@ -11,6 +11,12 @@ the TRL keys they interact with.
 `max_seq_length` in the reference configs bounds the whole sequence; here it is the fallback
 for `max_completion_length` when that is not given (rollouts are bounded per call by the
 agent loop and by the server's max_model_len anyway).
+
+`vllm_importance_sampling_correction` is on by default, unlike the reference script (which
+needs TRL's own vLLM for it): every farm rollout carries its sampler's logprobs, and
+trainer.grpo applies TRL's correction to them without TRL's vLLM. Its mode and bounds are TRL's
+keys, passed through as they are (`vllm_importance_sampling_mode`, default `sequence_mask`;
+`vllm_importance_sampling_clip_max`, default 3.0; `vllm_importance_sampling_clip_min`).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     save_steps: int = 500
     eval_strategy: Literal["no", "steps", "epoch"] = "no"
     eval_steps: Optional[int] = None
-    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_correction: bool = True  # TRL's IS correction, from the farm's sampler logprobs
     # A few more TRL knobs worth having in the file.
     use_vllm: bool = False  # TRL's own vLLM (GPU, server mode); the farm needs none
     vllm_server_base_url: Optional[str] = None
@@ -69,6 +75,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weight_sync_steps: int = 1  # sync (and bump the policy version) every K optimizer steps
     weights_dir: Optional[str] = None  # where synced weights are saved (default <output_dir>/policy)
     sync_urls: list[str] = []  # servers to reload (default: the farm's policy_urls)
+    oversample: float = 1.0  # submit this many times the groups a step needs; keep the first done, cancel the rest
+    drop_zero_variance_groups: bool = False  # a group whose rewards are all equal is dropped and replaced
+    max_refills: int = 4  # at most this many rounds of replacement groups per step
     # Any other top-level key is one of TRL's GRPOConfig arguments, passed to it as it is (TRL checks it).
     trl: dict[str, Any] = {}
 
@@ -85,6 +94,10 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rollout_timeout_s <= 0:
             raise ValueError("rollout_timeout_s must be > 0")
+        if not self.oversample >= 1.0:  # NaN included
+            raise ValueError(f"oversample must be >= 1.0, got {self.oversample}")
+        if self.max_refills < 0:
+            raise ValueError(f"max_refills must be >= 0, got {self.max_refills}")
         if self.lora_r is not None and self.lora_r < 1:
             raise ValueError(f"lora_r must be >= 1, got {self.lora_r}")
         if self.eval_strategy != "no" and not self.eval_dataset_path:
@@ -136,7 +149,7 @@ def grpo_args(cfg: TrainConfig, **extra: Any):
         bf16=cfg.bf16,
         run_name=f"{cfg.task}",
         remove_unused_columns=False,
-        vllm_importance_sampling_correction=cfg.vllm_importance_sampling_correction and cfg.use_vllm,
+        vllm_importance_sampling_correction=cfg.vllm_importance_sampling_correction,
     )
     if cfg.completion_limit:
         kwargs["max_completion_length"] = cfg.completion_limit

@@ -4,7 +4,9 @@ The flow of one step: TRL samples prompts (NeMo Gym rows as JSON, possibly of se
 environments), FarmRollout turns them into Tasks on each agent's stream and waits for the
 rollouts, TRL computes the GRPO loss on the returned token traces with the environments'
 rewards, and every `weight_sync_steps` steps WeightSyncCallback saves the weights, has the
-workers' vLLM servers reload them and bumps the policy version the next Tasks carry.
+workers' vLLM servers reload them and bumps the policy version the next Tasks carry. The loss
+is corrected for the gap between the farm's sampler and the learner with TRL's importance
+sampling, from the logprobs the rollouts carry (trainer/grpo.py).
 
 Under `accelerate launch` every process runs this; each rank submits its own share of the
 batch to the farm (TRL hands each rank its own prompts), and only the main process syncs
@@ -117,7 +119,8 @@ class ConsoleMetrics(_callback_base()):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or not state.is_world_process_zero:
             return
-        keep = {k: v for k, v in logs.items() if k.startswith(("farm/", "reward", "loss", "rewards/", "kl"))}
+        prefixes = ("farm/", "reward", "loss", "rewards/", "kl", "sampling/importance_sampling_ratio/mean")
+        keep = {k: v for k, v in logs.items() if k.startswith(prefixes)}
         if keep:
             print(
                 f"[train] step {state.global_step}: "
@@ -140,7 +143,8 @@ def build_trainer(
     """The GRPOTrainer, its FarmRollout and its WeightSyncCallback, ready to `.train()`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
+
+    from trainer.grpo import FarmGRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if cfg.torch_threads:
@@ -171,7 +175,7 @@ def build_trainer(
                 "their weights; only the policy version advances"
             )
     sync_cb = WeightSyncCallback(rollout, weight_sync, cfg.weight_sync_steps, settings.redis_url, settings.namespace)
-    trainer = GRPOTrainer(
+    trainer = FarmGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs or [env_reward],
         args=args,
