@@ -38,7 +38,7 @@ class QueueState:
     consumers: int
     delayed: int  # retries waiting out their backoff
     dead: int  # dead letters kept
-    counters: dict[str, int]  # the stats hash: done, failed, retried, dead, duplicate
+    counters: dict[str, int]  # the stats hash: done, failed, cancelled, retried, dead, duplicate
 
     @property
     def waiting(self) -> int:

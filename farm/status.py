@@ -11,6 +11,10 @@ import redis
 from farm import state
 from farm.keys import Keys
 
+# The stats-hash counts `farm status` shows per agent, in its columns' order: how tasks ended
+# (a cancelled task is neither done nor failed: a client called it off) and attempts retried.
+SETTLED = ("done", "failed", "cancelled", "retried")
+
 
 def collect_status(r: redis.Redis, keys: Keys) -> dict:
     """Per agent its queue (farm.state.QueueState's fields), and the live workers."""
@@ -33,7 +37,8 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
     console = console or Console()
     if where:
         console.print(where, highlight=False, soft_wrap=True)
-    t = agent_table("agents", ("queued", "pending", "lag", "delayed", "dead", "done", "failed", "retried"), 20)
+    t = agent_table("agents", ("queued", "pending", "lag", "delayed", "dead", *SETTLED), 16)
+    t.collapse_padding = True  # one space between columns: ten of them fit 80 columns
     for agent, row in status["agents"].items():
         c = row["counters"]
         t.add_row(
@@ -43,12 +48,10 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
             _n(row["lag"]),
             _n(row["delayed"]),
             _n(row["dead"]),
-            _n(c.get("done", 0)),
-            _n(c.get("failed", 0)),
-            _n(c.get("retried", 0)),
+            *(_n(c.get(k, 0)) for k in SETTLED),
         )
     if not status["agents"]:
-        t.add_row("(none yet)", *["0"] * 8)
+        t.add_row("(none yet)", *["0"] * (5 + len(SETTLED)))
     console.print(t)
     w = Table(title=f"workers alive: {len(status['workers'])}", title_justify="left", pad_edge=False, box=None)
     for col in ("worker", "agent", "conc", "inflight", "done", "failed"):

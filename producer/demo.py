@@ -21,7 +21,7 @@ from collections import Counter
 from typing import Optional
 
 from farm.client import FarmClient
-from farm.schema import Task
+from farm.schema import Status, Task
 from farm.settings import Settings
 from producer.progress import per_second
 from workers.supervise.stack import LocalStack, Pool, ServePolicy
@@ -86,7 +86,7 @@ async def _run_batch(
 
 def summarize(rollouts: list, wall_s: float) -> dict:
     ok = [r for r in rollouts if r.ok]
-    kinds = Counter(r.error.kind for r in rollouts if not r.ok)
+    kinds = Counter(r.error.kind for r in rollouts if r.status is Status.failed)
     tokens = sum(int(r.metrics.get("completion_tokens", 0)) for r in ok)
     waits = sorted(r.timings.queue_wait_s for r in rollouts if r.ok)
     pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")  # noqa: E731
@@ -95,6 +95,7 @@ def summarize(rollouts: list, wall_s: float) -> dict:
         "ok": sum(1 for r in ok if r.status.value == "ok"),
         "truncated": sum(1 for r in ok if r.status.value == "truncated"),
         "failed": dict(kinds),
+        "cancelled": sum(1 for r in rollouts if r.status is Status.cancelled),  # a client's cancel, not a failure
         "retried": sum(1 for r in ok if r.attempt > 1),
         "mean_reward": statistics.fmean(r.reward for r in ok) if ok else float("nan"),
         "wall_s": wall_s,

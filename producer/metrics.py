@@ -6,8 +6,11 @@ recomputed for any finished file. Both files are streamed; a row's samples are h
 until all of its `num_repeats` have been seen.
 
 Definitions (per agent, over the rows' repeats):
-- mean reward: over rollouts that did not fail; a failed rollout has no reward, it is
+- mean reward: over answered rollouts (ok, truncated); a failed rollout has no reward, it is
   counted under `failures` by kind, never as a 0.
+- cancelled: rollouts of tasks a client cancelled. Not answers and not failures (the model and
+  the farm did nothing wrong): counted apart, left out of the reward, the latency and the row
+  rates; a row whose samples were all cancelled is not rated at all.
 - pass@k: the share of rows where at least one of the k samples passes (reward >=
   `pass_threshold`); a failed sample does not pass.
 - majority@k: the share of rows whose most frequent answer passes. The answer is the
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from producer.output import read_records
+
+ANSWERED = ("ok", "truncated")  # the statuses that carry an answer (and maybe a reward)
 
 
 def answer_of(rollout: dict) -> str:
@@ -56,6 +61,7 @@ class AgentStats:
     rollouts: int = 0
     ok: int = 0
     truncated: int = 0
+    cancelled: int = 0
     failures: Counter = field(default_factory=Counter)
     reward_sum: float = 0.0
     rewarded: int = 0
@@ -72,16 +78,18 @@ class AgentStats:
         r = rec["rollout"]
         self.rollouts += 1
         status = r["status"]
-        if status == "failed":
-            self.failures[(r.get("error") or {}).get("kind", "unknown")] += 1
-        else:
+        if status in ANSWERED:
             self.ok += status == "ok"
             self.truncated += status == "truncated"
             if r.get("reward") is not None:
                 self.reward_sum += float(r["reward"])
                 self.rewarded += 1
+        elif status == "cancelled":
+            self.cancelled += 1
+        else:
+            self.failures[(r.get("error") or {}).get("kind", "unknown")] += 1
         timings = r.get("timings") or {}
-        if status != "failed" and timings.get("total_s"):
+        if status in ANSWERED and timings.get("total_s"):
             self.latencies.append(float(timings["total_s"]))
         metrics = r.get("metrics") or {}
         trace = r.get("trace") or {}
@@ -91,14 +99,16 @@ class AgentStats:
         self.last_finish = max(self.last_finish, float(r.get("finished_at") or 0.0))
 
     def add_group(self, samples: list[dict], k: int, threshold: float) -> None:
-        """One row's samples (any order, failed ones included)."""
-        self.rows += 1
+        """One row's samples (any order, failed and cancelled ones included)."""
         self.repeats[k] += 1
+        if all(s["rollout"]["status"] == "cancelled" for s in samples):
+            return  # no sample was let run to an answer or a failure: nothing to rate
+        self.rows += 1
         samples = sorted(samples, key=lambda rec: rec["repeat_index"])
         scored = [
             (answer_of(s["rollout"]), s["rollout"].get("reward"))
             for s in samples
-            if s["rollout"]["status"] != "failed" and s["rollout"].get("reward") is not None
+            if s["rollout"]["status"] in ANSWERED and s["rollout"].get("reward") is not None
         ]
         if any(reward >= threshold for _, reward in scored):
             self.passed_rows += 1
@@ -121,6 +131,7 @@ class AgentStats:
             "truncated": self.truncated,
             "failed": sum(self.failures.values()),
             "failures": dict(self.failures),
+            "cancelled": self.cancelled,
             "mean_reward": self.reward_sum / self.rewarded if self.rewarded else None,
             f"pass@{k}": self.passed_rows / self.rows if self.rows else None,
             f"majority@{k}": self.majority_rows / self.rows if self.rows else None,
@@ -136,7 +147,7 @@ class AgentStats:
 
 
 def aggregate(records: Iterable[dict], threshold: float = 1.0) -> dict[str, dict[str, Any]]:
-    """Per-agent summaries of output records (ok and failed lines, any order)."""
+    """Per-agent summaries of output records (ok, failed and cancelled lines, any order)."""
     stats: dict[str, AgentStats] = defaultdict(AgentStats)
     open_rows: dict[tuple[str, int], list[dict]] = {}
     for rec in records:
@@ -161,7 +172,9 @@ def aggregate_files(*paths: Path, threshold: float = 1.0) -> dict[str, dict[str,
 
 
 def render(metrics: dict[str, dict[str, Any]], title: str = "farm collect") -> None:
-    """The per-agent table, in 80 columns: the essentials here, every figure in the metrics file."""
+    """The per-agent table, in 80 columns: the essentials here, every figure in the metrics file.
+    Cancelled rollouts get a line under it, not a column: they are rare, a column of zeros would
+    not fit 80 columns, and under `failed` a client's cancel would read as the model failing."""
     from rich.console import Console
 
     from farm.status import agent_table
@@ -190,3 +203,5 @@ def render(metrics: dict[str, dict[str, Any]], title: str = "farm collect") -> N
             console.print(
                 f"{agent} failures: " + ", ".join(f"{k} {v}" for k, v in sorted(m["failures"].items())), highlight=False
             )
+        if m.get("cancelled"):
+            console.print(f"{agent} cancelled: {m['cancelled']:,} (not failed, not scored)", highlight=False)

@@ -8,9 +8,11 @@ every pass and every re-run over the same file.
 Rollouts are appended to the output as whole lines: each batch of lines goes to the file in
 one `os.write` on an O_APPEND descriptor, with SIGINT turned into a flag by the collector,
 so Ctrl-C cannot tear a line. A crash (SIGKILL, power loss) can still leave a partial last
-line; `repair_tail` cuts it off before a resumed run appends. Failed rollouts go to the
-`*_failures.jsonl` sidecar in the same line format, so resuming and metrics read both files
-the same way: `(row_index, repeat_index)` is the identity of a line.
+line; `repair_tail` cuts it off before a resumed run appends. Rollouts without an answer
+(failed, or cancelled by a client) go to the `*_failures.jsonl` sidecar in the same line
+format, with the reason, so resuming and metrics read both files the same way:
+`(row_index, repeat_index)` is the identity of a line (producer.metrics tells the two apart by
+status).
 """
 
 from __future__ import annotations

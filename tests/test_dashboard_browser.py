@@ -16,7 +16,7 @@ import time
 import pytest
 import redis
 
-from farm import schema
+from farm import history, schema
 from farm.dashboard import data
 from farm.schema import Task
 
@@ -80,6 +80,8 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
         submit(r, settings, "flaky", [{"noop": {"fail": "always"}}] * 3)
         submit(r, settings, "slow", [{"noop": {"sleep_s": 60}}] * 5)  # 2 in flight, 3 waiting
         submit(r, settings, "idle", [{}] * 4)
+        # 60 tasks of idle cancelled this minute, as the settle records them (farm.history)
+        r.hincrby(settings.keys.history("idle", history.minute()), "cancelled", 60)
         wait_for(
             lambda: r.xlen(settings.keys.dead("flaky")) == 3 and r.xlen(settings.keys.samples("noop")) == 7,
             timeout=60,
@@ -106,9 +108,14 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
             assert cell("idle", "queued") == "4" and cell("idle", "live_workers") == "0"
             assert cell("slow", "in_flight") == "2" and cell("slow", "queued") == "3"
             assert cell("noop", "live_workers") == "1" and cell("noop", "pass_rate") == "85.7%"
+            # 60 over the 5-minute window, of which 4 to 5 minutes have elapsed
+            assert 12.0 <= float(cell("idle", "cancelled_per_min")) <= 15.0
+            assert cell("noop", "cancelled_per_min") == "0.0"
             before = page.inner_text("#updated")
             # (the page's Content-Security-Policy forbids evaluating strings, so poll from here)
             wait_for(lambda: page.inner_text("#updated") != before, timeout=15, what="the overview to refresh itself")
+            assert 12.0 <= float(cell("idle", "cancelled_per_min")) <= 15.0, "as the refresh writes it"
+            assert "cancelled/min" in page.inner_text("#overview thead")
             page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
             if os.environ.get("FARM_UPDATE_SCREENSHOT"):
                 page.screenshot(path=str(ROOT / "docs" / "dashboard.png"), full_page=True)

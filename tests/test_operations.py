@@ -103,4 +103,4 @@ async def test_a_worker_logs_a_summary_line_every_summary_every_s(redis_url, nam
             await asyncio.sleep(0.5)
     await client.aclose()
     lines = [r.getMessage() for r in caplog.records if "rollouts/s" in r.getMessage()]
-    assert lines and "done 10, failed 0, dead 0, retried 0, in flight 0" in lines[-1], lines
+    assert lines and "done 10, failed 0, cancelled 0, dead 0, retried 0, in flight 0" in lines[-1], lines

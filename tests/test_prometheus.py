@@ -115,6 +115,9 @@ def test_every_panel_and_alert_gets_data_from_a_real_prometheus(redis_url, names
         r.close()
 
     feeder = threading.Thread(target=feed, daemon=True)
+    r = redis.Redis.from_url(redis_url)
+    r.hincrby(settings.keys.stats("idle"), "cancelled", 5)  # as the settle of 5 cancelled tasks counts them
+    r.close()
     try:
         feeder.start()
         wait_for(lambda: _ready(prom), timeout=60, every=0.5, what="prometheus to answer")
@@ -124,6 +127,11 @@ def test_every_panel_and_alert_gets_data_from_a_real_prometheus(redis_url, names
             assert query(prom, expr), f"Grafana panel query returned no data: {expr}"
         for name, expr in alert_rules().items():
             assert query(prom, expr), f"alert {name} returned no data: {expr}"
+        (cancelled,) = query(prom, 'farm_rollouts_total{agent="idle",status="cancelled"}')
+        assert cancelled["value"][1] == "5"
+        assert query(prom, 'farm_cancelled_per_minute{agent="noop"}')
+        (worker,) = query(prom, 'farm_worker_tasks_total{agent="noop",outcome="cancelled"}')
+        assert worker["value"][1] == "0", "the worker with --metrics-port counts its cancelled tasks"
     finally:
         stop.set()
         feeder.join(10)

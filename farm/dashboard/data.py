@@ -60,13 +60,16 @@ def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min
         rows[agent] = {
             **_queue(r, keys, agent),
             **history.summary(bucket, span),
+            # a cancelled rollout is neither done nor failed (history.summary counts those two)
+            "cancelled_per_min": bucket.get("cancelled", 0.0) / span,
             "live_workers": sum(1 for w in live if w.get("agent") == agent),
         }
     return {"at": now, "window_minutes": window_min, "window_minutes_elapsed": span, "agents": rows, "workers": live}
 
 
 def series(r: redis.Redis, keys: Keys, agent: str, minutes: int = 180, now: Optional[float] = None) -> dict:
-    """Per-minute history of one agent for the charts: throughput, failures by kind, reward, latency."""
+    """Per-minute history of one agent for the charts: throughput (done, failed, cancelled), failures by
+    kind, reward, latency."""
     now = time.time() if now is None else now
     span, _ = history.window(now, minutes)
     points = []
@@ -78,6 +81,7 @@ def series(r: redis.Redis, keys: Keys, agent: str, minutes: int = 180, now: Opti
                 "done": int(bucket.get("done", 0)),
                 "depth": int(bucket["depth"]) if "depth" in bucket else None,
                 "failed": int(bucket.get("failed", 0)),
+                "cancelled": int(bucket.get("cancelled", 0)),
                 "failures_by_kind": s["failures_by_kind"],
                 "mean_reward": s["mean_reward"],
                 "pass_rate": s["pass_rate"],

@@ -26,13 +26,17 @@ GAUGES = {
     "farm_live_workers": ("Worker processes with a fresh heartbeat.", "live_workers"),
     "farm_rollouts_per_minute": ("Rollouts that ended ok or truncated, per minute.", "done_per_min"),
     "farm_failed_per_minute": ("Rollouts that failed, per minute.", "failed_per_min"),
+    "farm_cancelled_per_minute": ("Rollouts of tasks a client cancelled, per minute.", "cancelled_per_min"),
     "farm_failure_rate": ("Failed rollouts over all that ended.", "failure_rate"),
     "farm_reward_mean": ("Mean reward of the rollouts that have one.", "mean_reward"),
     "farm_pass_rate": ("Share of rewarded rollouts at or above pass_threshold.", "pass_rate"),
     "farm_tokens_per_second": ("Completion tokens per second.", "tokens_per_s"),
 }
 COUNTERS = {
-    "farm_rollouts": ("Rollouts settled, by status (done, failed, dead).", ("done", "failed", "dead")),
+    "farm_rollouts": (
+        "Rollouts settled, by status (done, failed, dead, cancelled: a client cancelled the task).",
+        ("done", "failed", "dead", "cancelled"),
+    ),
     "farm_retries": ("Attempts that were retried.", ("retried",)),
     "farm_dead_letters_dropped": ("Dead letters trimmed past dead_maxlen.", ("dead_dropped",)),
 }

@@ -33,9 +33,7 @@ def agent_page(
     mins = [p["minute"] for p in pts]
     kinds = sorted({k for p in pts for k in p["failures_by_kind"]})
     charts = [
-        line_chart(
-            "rollouts per minute", mins, {"done": [p["done"] for p in pts], "failed": [p["failed"] for p in pts]}
-        ),
+        line_chart("rollouts per minute", mins, {k: [p[k] for p in pts] for k in ("done", "failed", "cancelled")}),
         line_chart("failures by kind", mins, {k: [p["failures_by_kind"].get(k, 0) for p in pts] for k in kinds}),
         line_chart(
             "reward", mins, {"mean": [p["mean_reward"] for p in pts], "pass rate": [p["pass_rate"] for p in pts]}

@@ -11,6 +11,7 @@ from typing import Any
 
 import farm
 from farm.errors import ConfigError
+from farm.settings import Settings
 
 log = logging.getLogger("farm.worker")
 
@@ -40,20 +41,21 @@ def raise_open_files(concurrency: int) -> int:
 
 
 class Summary:
-    """The worker's one-line summary every summary_every_s: done, failed, in flight, rollouts/s."""
+    """The worker's one-line summary every summary_every_s: done, failed, cancelled, in flight, rollouts/s."""
 
     def __init__(self, due: float):
         self.due, self.last_at, self.last_ended = due, time.monotonic(), 0
 
     def log(self, worker: Any, now: float, every_s: float) -> None:
         c = worker.counters
-        ended = c["done"] + c["failed"] + c["dead"]
+        ended = c["done"] + c["failed"] + c["cancelled"] + c["dead"]
         rate = (ended - self.last_ended) / max(now - self.last_at, 1e-9)
         log.info(
-            "worker %s: done %d, failed %d, dead %d, retried %d, in flight %d, %.1f rollouts/s",
+            "worker %s: done %d, failed %d, cancelled %d, dead %d, retried %d, in flight %d, %.1f rollouts/s",
             worker.worker_id,
             c["done"],
             c["failed"],
+            c["cancelled"],
             c["dead"],
             c["retried"],
             len(worker.inflight),
@@ -86,7 +88,7 @@ class WorkerCollector:
         done = CounterMetricFamily(
             "farm_worker_tasks", "Tasks this worker settled, by outcome.", labels=["agent", "worker", "outcome"]
         )
-        for outcome in ("done", "failed", "dead", "retried", "duplicate", "unsettled"):
+        for outcome in ("done", "failed", "cancelled", "dead", "retried", "duplicate", "unsettled"):
             done.add_metric([*labels, outcome], float(w.counters.get(outcome, 0)))
         yield done
         inflight = GaugeMetricFamily("farm_worker_in_flight", "Tasks this worker runs now.", labels=["agent", "worker"])
@@ -108,3 +110,14 @@ def serve_metrics(worker: Any, port: int, host: str = "127.0.0.1") -> None:
     registry.register(WorkerCollector(worker))
     start_http_server(port, addr=host, registry=registry)
     log.info("worker metrics on http://%s:%d/metrics", host, port)
+
+
+def warn_retry_budget(s: Settings) -> None:
+    """A model call that may wait longer than its attempt is allowed to run is a setting to fix."""
+    if s.policy_urls and s.policy_retry_budget_s >= s.task_timeout_s:
+        log.warning(
+            "policy_retry_budget_s (%gs) is not shorter than task_timeout_s (%gs): an attempt times out "
+            "(and is retried) while its model call still waits for a replica; lower the budget",
+            s.policy_retry_budget_s,
+            s.task_timeout_s,
+        )

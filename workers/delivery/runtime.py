@@ -6,17 +6,15 @@ backpressure reaches the queue and a worker never hoards work. Beside it, a main
 loop renews the lease of in-flight tasks, moves due retries back into the stream and
 refreshes the heartbeat.
 
-Each task ends in exactly one settle step (see farm.streams): a rollout to reply_to, a
-delayed retry with jittered exponential backoff, or, after max_attempts, a dead letter
-plus a `failed` rollout; a task a client cancelled (farm.cancel) ends in a `cancelled` rollout,
-without running when the cancel came first, stopped at once when it came while it ran. The
-Settler counts each in the worker's counters by what Redis answered. On SIGTERM/SIGINT the
-worker stops fetching, lets in-flight rollouts finish
-within the grace period, and hands the rest back (their idle time is set past the
-visibility timeout so other workers take them at once). A second signal skips
-the grace period; one within SAME_STOP_S of the first is the same stop delivered twice (a
-`--processes` supervisor forwards the SIGTERM or Ctrl-C its process group, or Slurm's step,
-already delivered to every worker), not a second request.
+Each task ends in exactly one settle step (see farm.streams): a rollout to reply_to, a delayed
+retry with jittered exponential backoff, after max_attempts a dead letter plus a `failed`
+rollout, or for a task a client cancelled (farm.cancel) a `cancelled` rollout, without running
+when the cancel came first, stopped at once when it came while it ran. The Settler counts each by
+what Redis answered. On SIGTERM/SIGINT the worker stops fetching, lets in-flight rollouts finish
+within the grace period, and hands the rest back (idle past the visibility timeout, so other
+workers take them at once). A second signal skips the grace period; one within SAME_STOP_S of
+the first is the same stop delivered twice (a `--processes` supervisor forwards the SIGTERM or
+Ctrl-C its process group, or Slurm's step, already delivered to every worker).
 
 An agent may tell the worker it cannot take work (the policy's every replica down or
 rate-limited): while its `ready()` is false the fetch loop fetches nothing and waits on its
@@ -57,7 +55,7 @@ from farm.settler import Settler
 from farm.streams import BAD_REPLY, AgentStream
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage
-from workers.delivery.chores import VERSION, Summary, dump_tasks, raise_open_files, serve_metrics
+from workers.delivery.chores import VERSION, Summary, dump_tasks, raise_open_files, serve_metrics, warn_retry_budget
 from workers.delivery.health import HealthServer
 from workers.delivery.outcome import Outcomes
 from workers.loops.context import Agent, AgentContext
@@ -132,14 +130,7 @@ class Worker:
     # -- main --------------------------------------------------------------------------
     async def run(self) -> Counter:
         raise_open_files(self.concurrency)
-        s = self.settings
-        if s.policy_urls and s.policy_retry_budget_s >= s.task_timeout_s:
-            log.warning(
-                "policy_retry_budget_s (%gs) is not shorter than task_timeout_s (%gs): an attempt times out "
-                "(and is retried) while its model call still waits for a replica; lower the budget",
-                s.policy_retry_budget_s,
-                s.task_timeout_s,
-            )
+        warn_retry_budget(self.settings)
         self.r = connect(self.settings)
         self.stream = AgentStream(
             self.r,

@@ -10,6 +10,7 @@
     queued: (a) => String(a.queued), in_flight: (a) => String(a.in_flight), lag: (a) => String(a.lag),
     delayed: (a) => String(a.delayed), dead: (a) => String(a.dead),
     done_per_min: (a) => num(a.done_per_min, 1), failed_per_min: (a) => num(a.failed_per_min, 1),
+    cancelled_per_min: (a) => num(a.cancelled_per_min, 1),
     failure_rate: (a) => pct(a.failure_rate),
     failures_by_kind: (a) => Object.entries(a.failures_by_kind).map(([k, n]) => k + " " + n).join(", "),
     mean_reward: (a) => num(a.mean_reward, 3), pass_rate: (a) => pct(a.pass_rate),
