@@ -49,6 +49,20 @@ def sandbox_processes() -> list[int]:
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and _sandbox_uid(e)]
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _sandbox_uid(pid: str) -> bool:
     try:
         line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Uid:"))
@@ -217,6 +231,36 @@ async def test_a_worker_dying_mid_job_is_a_sandbox_error_and_it_is_restarted(red
             await client.wait(job, 60)
         assert time.monotonic() - t0 < 5 and client.restarts == 1
         assert (await client.run(GOOD, ADD, FAST)).passed == 3
+    finally:
+        client.close()
+
+
+async def test_a_cancelled_wait_stops_the_running_program(redis_url, queue, sync_redis):
+    """A rollout cancelled while its program runs (farm.cancel cancels the wait): the job is
+    stopped and the program killed at once, not left to run out its 20 s wall limit."""
+    client = SandboxClient(redis_url, queue, start_workers=1)
+    try:
+        assert (await client.run(GOOD, ADD, FAST)).passed == 3  # the worker is up (it runs as a sandbox uid too)
+        idle = set(sandbox_processes())
+        job = await client.submit("import time\ntime.sleep(60)\n", ADD, Limits(wall_s=20))
+        waiting = asyncio.create_task(client.wait(job, 60))
+        # The job's horse and program; a zombie is dead (it waits for this process, when an earlier test's
+        # run_program made it the subreaper, to reap it).
+        program = lambda: {p for p in set(sandbox_processes()) - idle if not _zombie(p)}  # noqa: E731
+        running = lambda: any(b"runner.py" in _cmdline(p) for p in program())  # noqa: E731
+        for _ in range(200):
+            if running():
+                break
+            await asyncio.sleep(0.05)
+        assert running(), "the program never started"
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        t0 = time.monotonic()
+        while program() and time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.05)
+        assert not program(), "the program outlived the cancelled wait"
+        assert (await client.run(GOOD, ADD, FAST)).passed == 3, "the worker serves the next job"
     finally:
         client.close()
 

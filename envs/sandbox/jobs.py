@@ -314,6 +314,11 @@ class SandboxClient:
                         raise SandboxError(f"sandbox worker {running} died while running job {job.id}")
                 await asyncio.sleep(self.poll_s)
             result = await asyncio.to_thread(job.latest_result)
+        except asyncio.CancelledError:
+            # The rollout was cancelled (farm.cancel) or its worker is stopping: nobody wants this
+            # result, so the program stops now instead of running out its wall limit.
+            await asyncio.shield(asyncio.to_thread(self._stop, job))
+            raise
         except SandboxError:
             raise
         except Exception as exc:  # Redis or rq trouble: the machinery's failure, not the program's
@@ -322,6 +327,21 @@ class SandboxClient:
             why = result.exc_string.strip().splitlines()[-1] if result is not None and result.exc_string else status
             raise SandboxError(f"sandbox job {job.id} {status}: {why}")
         return SandboxResult.from_json(result.return_value)
+
+    @staticmethod
+    def _stop(job) -> None:
+        """Stop a job nobody waits for: kill its work horse when it runs (the program, its child
+        with PDEATHSIG, dies with it), else take it off the queue."""
+        from rq.command import send_stop_job_command
+        from rq.serializers import JSONSerializer
+
+        try:
+            send_stop_job_command(job.connection, job.id, serializer=JSONSerializer)
+        except Exception:  # noqa: BLE001 - not running (queued, or just ended): cancel it instead
+            try:
+                job.cancel()
+            except Exception as exc:  # noqa: BLE001 - it ended meanwhile; nothing to stop
+                log.debug("sandbox job %s: nothing to stop (%s)", job.id, exc)
 
     def close(self) -> None:
         for proc in self.workers.values():
