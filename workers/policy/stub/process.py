@@ -1,4 +1,9 @@
-"""The stub in a process of its own (so its CPU is not the client's), restartable on one port."""
+"""The stub in a process of its own (so its CPU is not the client's), restartable on one port.
+
+Keyword options beyond latency_s and jitter_s are the server's command-line options by name
+(`latency_dist="lognormal"`, `sigma=1.0`, `seed=0`, `pick="random"`, `weights=[3, 1]`,
+`fault=503`, ...); the same names change them at run time through `control()`.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from typing import Any, Optional
 import msgspec
 
 from farm.embedded import free_port
-from workers.policy.stub.server import Script
+from workers.policy.stub.model import Script
 
 ROOT = Path(__file__).resolve().parents[3]
 _json = msgspec.json
@@ -31,7 +36,7 @@ class StubProcess:
         port: int = 0,
         log_path: Optional[Path] = None,
         workdir: Optional[Path] = None,
-        **faults: Any,
+        **options: Any,
     ):
         self.port = port or free_port()
         self.served_model_name = script.model  # the name its /v1/models lists, as vLLM's served name
@@ -40,7 +45,9 @@ class StubProcess:
         self.script_path.write_bytes(_json.encode(script))
         self.log_path = log_path or self.workdir / f"policy-stub-{self.port}.log"
         self.args = ["--latency", str(latency_s), "--jitter", str(jitter_s)]
-        for key, value in faults.items():
+        for key, value in options.items():
+            if isinstance(value, (list, tuple)):
+                value = ",".join(map(str, value))
             if value is not None:
                 self.args += [f"--{key.replace('_', '-')}", str(value)]
         self.proc: Optional[subprocess.Popen] = None
@@ -89,7 +96,7 @@ class StubProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def get(self, path: str) -> dict:
+    def get(self, path: str) -> Any:
         with urllib.request.urlopen(self.url + path, timeout=5) as resp:
             return _json.decode(resp.read())
 
@@ -105,6 +112,10 @@ class StubProcess:
 
     def stats(self) -> dict:
         return self.get("/stats")
+
+    def aborts(self) -> list[dict]:
+        """The requests whose clients closed their connections unanswered: {"received", "closed"} epoch s."""
+        return self.get("/aborts")
 
     @property
     def pid(self) -> Optional[int]:

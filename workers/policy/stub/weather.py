@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.policy.stub.server import Script
+from workers.policy.stub.model import Script
 
 if TYPE_CHECKING:
     from workers.policy.chat import ChatTokenizer

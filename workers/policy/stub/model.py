@@ -1,0 +1,224 @@
+"""What the stub answers, and when: the script, the options, and the state they draw from.
+
+Latency (`latency_dist`): `fixed`; `uniform` in latency +- jitter (the default; jitter 0 is
+fixed); `lognormal` with median = latency and shape `sigma`, the heavy tail of real generation
+lengths, where a few slow samples hold up a whole GRPO step. Every draw (latency, random
+replies, injected errors) comes from one generator seeded by `seed`.
+
+Replies (`pick`): `scripted` answers a completion with the first token reply not yet inside the
+prompt; `random` with any token reply, drawn by `weights` (default equal), so an environment that
+grades them gives rewards that vary within a group (and some groups get all-equal rewards, as
+GRPO's zero-variance groups). Chat and Responses replies follow the assistant turns either way.
+
+The HTTP side (server.py) keeps, per connection, the requests not yet answered; `pending` and
+`aborts` here are their totals.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from array import array
+from collections import Counter, deque
+from typing import Any, Optional
+
+import msgspec
+
+_json = msgspec.json
+DISTS = ("fixed", "uniform", "lognormal")
+PICKS = ("scripted", "random")
+MAX_ABORTS = 100_000
+
+
+class Script(msgspec.Struct, kw_only=True):
+    """What the server answers: token replies (completions) and message replies (chat / responses)."""
+
+    token_replies: list[list[int]] = []  # each ends with the model's EOS id
+    token_logprob: float = -0.25
+    chat_replies: list[dict[str, Any]] = []  # {"content": str, "tool_calls": [{"name", "arguments"}]}
+    model: str = "stub"
+    max_model_len: int = 4096
+
+
+class Options(msgspec.Struct, kw_only=True):
+    """How the server answers: latency, replies, faults. The command line's options, and the keys
+    POST /control changes (so the two cannot drift apart)."""
+
+    latency_s: float = 0.05
+    jitter_s: float = 0.0
+    latency_dist: str = "uniform"  # see DISTS
+    sigma: float = 1.0  # lognormal shape: p90 = median x e^(1.28 sigma)
+    seed: Optional[int] = None
+    pick: str = "scripted"  # see PICKS
+    weights: Optional[list[float]] = None  # of the token replies, for pick "random"
+    fault: Optional[int] = None
+    error_rate: float = 0.0
+    retry_after: Optional[float] = None
+
+    def check(self, script: Script) -> None:
+        if self.latency_dist not in DISTS:
+            raise ValueError(f"latency_dist must be one of {DISTS}")
+        if self.pick not in PICKS:
+            raise ValueError(f"pick must be one of {PICKS}")
+        if self.weights is not None and len(self.weights) != len(script.token_replies):
+            raise ValueError(f"weights: {len(self.weights)} for {len(script.token_replies)} token replies")
+        if self.latency_s < 0 or self.sigma < 0:
+            raise ValueError("latency_s and sigma must be >= 0")
+
+
+class State:
+    def __init__(self, script: Script, options: Options):
+        options.check(script)
+        self.script, self.o = script, options
+        self.rng = random.Random(options.seed)
+        self.stats: Counter = Counter()
+        self.pending = 0
+        self.aborts: deque[tuple[float, float]] = deque(maxlen=MAX_ABORTS)
+        self.packed = [array("i", r).tobytes() for r in script.token_replies]
+
+    def change(self, change: dict) -> None:
+        """Apply a /control body: only the keys it names change; a new seed restarts the draws."""
+        if "fault" in change and change["fault"] in ("none", 0):
+            change = {**change, "fault": None}
+        merged = msgspec.convert({**msgspec.structs.asdict(self.o), **change}, Options)
+        merged.check(self.script)
+        self.o = merged
+        if "seed" in change:
+            self.rng = random.Random(merged.seed)
+
+    def delay(self) -> float:
+        o = self.o
+        if o.latency_dist == "lognormal":
+            return o.latency_s and self.rng.lognormvariate(math.log(o.latency_s), o.sigma)
+        if o.latency_dist == "uniform" and o.jitter_s:
+            return max(0.0, o.latency_s + self.rng.uniform(-o.jitter_s, o.jitter_s))
+        return o.latency_s
+
+    def injected(self) -> Optional[int]:
+        if self.o.fault is None:
+            return None
+        if self.o.error_rate and self.rng.random() >= self.o.error_rate:
+            return None
+        return self.o.fault
+
+    # -- replies --------------------------------------------------------------------------
+    def completion(self, body: dict) -> dict:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not prompt:
+            raise ValueError("prompt must be a non-empty list of token ids")
+        if len(prompt) >= self.script.max_model_len:
+            raise ValueError(f"This model's maximum context length is {self.script.max_model_len} tokens")
+        ids = self._token_reply(prompt)
+        finish = "stop"
+        limit = body.get("max_tokens")
+        if isinstance(limit, int) and limit < len(ids):
+            ids, finish = ids[:limit], "length"
+        return {
+            "id": "cmpl-stub",
+            "object": "text_completion",
+            "model": self.script.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "",
+                    "finish_reason": finish,
+                    "logprobs": {
+                        "tokens": [f"token_id:{i}" for i in ids],
+                        "token_logprobs": [self.script.token_logprob] * len(ids),
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+        }
+
+    def _token_reply(self, prompt: list[int]) -> list[int]:
+        replies = self.script.token_replies
+        if not replies:
+            raise ValueError("the script has no token replies")
+        if self.o.pick == "random":
+            return self.rng.choices(replies, self.o.weights)[0]
+        packed = array("i", prompt).tobytes()
+        return next((r for r, p in zip(replies, self.packed) if p not in packed), replies[-1])
+
+    def _chat_reply(self, turn: int) -> dict:
+        replies = self.script.chat_replies or [{"content": "ok"}]
+        return replies[min(turn, len(replies) - 1)]
+
+    def chat(self, body: dict) -> dict:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        reply = self._chat_reply(sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant"))
+        message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
+        calls = reply.get("tool_calls") or []
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": _json.encode(c.get("arguments", {})).decode()},
+                }
+                for i, c in enumerate(calls)
+            ]
+        return {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.script.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }
+
+    def responses(self, body: dict) -> dict:
+        items = body.get("input")
+        if isinstance(items, str):
+            items = [{"role": "user", "content": items}]
+        if not isinstance(items, list):
+            raise ValueError("input must be a string or a list of items")
+        turn = sum(
+            1
+            for i in items
+            if isinstance(i, dict) and (i.get("role") == "assistant" or i.get("type") == "function_call_output")
+        )
+        reply = self._chat_reply(turn)
+        output: list[dict] = []
+        if reply.get("content"):
+            output.append(
+                {
+                    "type": "message",
+                    "id": "msg_stub",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": reply["content"], "annotations": []}],
+                }
+            )
+        for i, c in enumerate(reply.get("tool_calls") or []):
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{i}",
+                    "call_id": f"call_{turn}_{i}",
+                    "name": c["name"],
+                    "arguments": _json.encode(c.get("arguments", {})).decode(),
+                    "status": "completed",
+                }
+            )
+        return {
+            "id": "resp_stub",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": self.script.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": 10,
+                "output_tokens": 5,
+                "total_tokens": 15,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        }
