@@ -72,6 +72,10 @@ def parse(argv):
     p.add_argument("--eval-rows", type=int, default=300, help="held-out rows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--oversample", type=float, default=1.0, help="submit this many times the groups a step needs")
+    p.add_argument(
+        "--drop-zero-variance", action="store_true", help="drop groups whose rewards are all equal and refill"
+    )
     p.add_argument("--eval-only", action="store_true", help="only the held-out evaluation of the base model")
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "learn"))
     return p.parse_args(argv)
@@ -131,7 +135,7 @@ def start(a, out: Path):
     )
     log = open(out / "worker.log", "w")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "farm", "worker", "--agent", a.env, "--concurrency", "32"],
+        [sys.executable, "-m", "farm", "worker", "--agent", a.env, "--concurrency", "64"],
         env=child,
         cwd=ROOT,
         stdout=log,
@@ -162,6 +166,8 @@ def train(a, out: Path, settings, server, model_dir):
         seed=a.seed,
         torch_threads=a.threads,
         lora_r=a.lora_r or None,
+        oversample=a.oversample,
+        drop_zero_variance_groups=a.drop_zero_variance,
     )
     clock = _callback()
     t0 = time.perf_counter()
@@ -183,6 +189,8 @@ def train(a, out: Path, settings, server, model_dir):
                 "reward_mean": sum(scored) / len(scored) if scored else float("nan"),
                 "scored": len(scored),
                 "failed": int(batch.metrics["farm/failed"]),
+                "groups_cancelled": int(batch.metrics.get("farm/groups/cancelled", 0)),
+                "zero_variance_dropped": int(batch.metrics.get("farm/groups/zero_variance_dropped", 0)),
                 "generation_s": round(gen, 2),
                 "sync_s": round(sync, 2),
                 "training_s": round(step_s - gen - sync, 2),
@@ -262,6 +270,10 @@ def main(argv=None) -> int:
         "steps": len(steps),
         "samples_per_step": a.prompts * a.num_generations,
         "seed": a.seed,
+        "oversample": a.oversample,
+        "drop_zero_variance_groups": a.drop_zero_variance,
+        "groups_cancelled": sum(r["groups_cancelled"] for r in steps),
+        "zero_variance_dropped": sum(r["zero_variance_dropped"] for r in steps),
         "heldout_rows": b["n"],
         "pass_before": b["pass_rate"],
         "ci95_before": b["ci95"],

@@ -16,7 +16,18 @@ what the trainer's staleness filter compares against. `max_staleness` bounds it 
 a group in which any rollout started more than `max_staleness` versions behind the current one
 is re-queued at the current version (`on_stale="requeue"`, at most `max_requeues` times, then
 dropped) or dropped (`on_stale="drop"`); both are counted in metrics_queue
-(`farm/stale_requeued`, `farm/stale_dropped`), and nothing stale reaches rollout_buffer.
+(`farm/stale_requeued`, `farm/stale_dropped`), and nothing stale reaches rollout_buffer. A group
+is known stale as soon as one rollout that came back is (versions only move forward): its
+other tasks are cancelled on the farm then, not waited for (`farm/stale_cancelled` counts
+those still queued or running), as prime-rl does.
+
+`drop_zero_variance_groups` (DAPO's dynamic sampling) drops a group whose successful rollouts
+all have one reward (every advantage 0), counted as `farm/groups/zero_variance_dropped`; the
+row cycle simply goes on, so no refill bound is needed. `oversample` keeps
+ceil(max_groups_in_flight * oversample) groups submitted: this path already takes each group as
+it completes, so oversampling only adds groups in flight, and nothing is cancelled for being
+slow (trainer/sampling.py is the synchronous path's choice). `stop()` cancels every task still
+open, so workers stop generating for a trainer that is gone (`farm/cancelled_on_stop`).
 
 Weight sync itself stays with the trainer's WeightTransferProtocol (NCCL to TRL's vLLM server
 on a GPU, or a trainer.weights.VllmReload wrapped as one).
@@ -35,14 +46,16 @@ import threading
 import time
 import uuid
 from collections import Counter
-from typing import Optional
+from typing import AsyncGenerator, AsyncIterator, Iterable, Optional, cast
 
 import numpy as np
 
 from farm.client import FarmClient
+from farm.errors import TransportError
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
 from farm.tasks import cancel_and_wait
+from trainer.sampling import client_deadline, extra_groups, usable, zero_variance
 
 log = logging.getLogger("farm.trainer.async")
 
@@ -90,6 +103,10 @@ def group_samples(tasks: list[Task], rollouts: list[Rollout], group_id: int) -> 
     return samples, metrics
 
 
+async def _next(stream: AsyncIterator[Rollout]) -> Rollout:
+    return await stream.__anext__()
+
+
 class FarmRolloutWorker:
     """RolloutWorkerProtocol over the farm (rows cycle forever, num_generations Tasks per row)."""
 
@@ -107,6 +124,9 @@ class FarmRolloutWorker:
         max_staleness: Optional[int] = None,
         on_stale: str = "requeue",
         max_requeues: int = 2,
+        drop_zero_variance_groups: bool = False,
+        oversample: float = 1.0,
+        poll_s: float = 0.25,
     ):
         if not rows:
             raise ValueError("FarmRolloutWorker needs at least one row")
@@ -117,6 +137,9 @@ class FarmRolloutWorker:
         self.max_staleness, self.on_stale, self.max_requeues = max_staleness, on_stale, max_requeues
         self.settings, self.rows = settings, rows
         self.num_generations, self.max_groups_in_flight = num_generations, max_groups_in_flight
+        self.groups_in_flight = max_groups_in_flight + extra_groups(max_groups_in_flight, oversample)
+        self.drop_zero_variance_groups = drop_zero_variance_groups
+        self.poll_s = poll_s  # how often a group in flight is checked for staleness between arrivals
         self.timeout_s, self.sampling = timeout_s, sampling or Sampling()
         self.run_id = run_id or f"async-{uuid.uuid4().hex[:8]}"
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
@@ -127,6 +150,7 @@ class FarmRolloutWorker:
         self._error: Optional[BaseException] = None
         self._heartbeat = 0.0
         self._groups = itertools.count()
+        self._open: dict[str, Task] = {}  # submitted, no rollout back yet: cancelled on stop
 
     # -- RolloutWorkerProtocol -----------------------------------------------------------------
     def start(self) -> None:
@@ -169,7 +193,7 @@ class FarmRolloutWorker:
         in_flight: set[asyncio.Task] = set()
         try:
             while not self._stop.is_set():
-                while len(in_flight) < self.max_groups_in_flight:
+                while len(in_flight) < self.groups_in_flight:
                     in_flight.add(asyncio.create_task(self._group(client, next(rows))))
                 done, in_flight = await asyncio.wait(in_flight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                 self._heartbeat = time.time()
@@ -177,25 +201,32 @@ class FarmRolloutWorker:
                     d.result()
         finally:
             await cancel_and_wait(in_flight)
+            if self._open:
+                stopped = await self._cancel(client, list(self._open.values()))
+                self.metrics_queue.put({"farm/cancelled_on_stop": float(stopped)})
             await client.aclose()
 
-    def _staleness(self, rollouts: list[Rollout]) -> int:
+    def _staleness(self, rollouts: Iterable[Rollout]) -> int:
         """How many versions behind the current one the group's oldest generation started."""
         return max((self.model_version - r.policy_version for r in rollouts), default=0)
 
     async def _group(self, client: FarmClient, row: dict) -> None:
         group = next(self._groups)
         for requeues in itertools.count():
-            tasks, rollouts = await self._run_group(client, row, group)
+            tasks, rollouts, cancelled = await self._run_group(client, row, group)
             staleness = self._staleness(rollouts)
             if self.max_staleness is None or staleness <= self.max_staleness:
                 break
+            stale = {"farm/staleness": float(staleness), "farm/stale_cancelled": float(cancelled)}
             if self.on_stale == "drop" or requeues >= self.max_requeues:
-                self.metrics_queue.put({"farm/stale_dropped": float(len(rollouts)), "farm/staleness": float(staleness)})
+                self.metrics_queue.put({"farm/stale_dropped": float(len(tasks)), **stale})
                 return
-            self.metrics_queue.put({"farm/stale_requeued": float(len(rollouts)), "farm/staleness": float(staleness)})
+            self.metrics_queue.put({"farm/stale_requeued": float(len(tasks)), **stale})
         samples, metrics = group_samples(tasks, rollouts, group)
         metrics["farm/staleness"] = float(staleness)
+        if self.drop_zero_variance_groups and zero_variance(float(r.reward or 0.0) for r in rollouts if usable(r)):
+            metrics["farm/groups/zero_variance_dropped"] = 1.0
+            samples = []
         self.metrics_queue.put(metrics)
         for s in samples:
             while not self._stop.is_set():
@@ -206,8 +237,9 @@ class FarmRolloutWorker:
                     self._heartbeat = time.time()  # backpressure is not a hang
                     await asyncio.sleep(0)
 
-    async def _run_group(self, client: FarmClient, row: dict, group: int) -> tuple[list[Task], list[Rollout]]:
-        """One group's Tasks at the current version, and their rollouts in order."""
+    async def _run_group(self, client: FarmClient, row: dict, group: int) -> tuple[list[Task], list[Rollout], int]:
+        """One group's Tasks at the current version; the rollouts that came back, in task order (all
+        of them unless the group was found stale first); how many open tasks were then cancelled."""
         ref = row["agent_ref"]
         tasks = [
             client.task(
@@ -222,5 +254,47 @@ class FarmRolloutWorker:
             )
             for i in range(self.num_generations)
         ]
-        got = await client.run_batch(tasks, timeout_s=self.timeout_s)
-        return tasks, [got[t.task_id] for t in tasks]
+        self._open.update((t.task_id, t) for t in tasks)
+        await client.submit(tasks)
+        got = await self._gather(client, tasks)
+        left = [t for t in tasks if t.task_id not in got or client_deadline(got[t.task_id])]
+        cancelled = await self._cancel(client, left) if left else 0
+        return tasks, [got[t.task_id] for t in tasks if t.task_id in got], cancelled
+
+    async def _gather(self, client: FarmClient, tasks: list[Task]) -> dict[str, Rollout]:
+        """The group's rollouts as they arrive, until all are in (or the deadline's stand-ins) or,
+        with max_staleness, one that came back is stale past it (checked every poll_s too, as the
+        trainer's version moves on)."""
+        got: dict[str, Rollout] = {}
+        stream = cast(AsyncGenerator[Rollout, None], client.results(tasks, timeout_s=self.timeout_s))
+        poll = self.poll_s if self.max_staleness is not None else None
+        nxt: Optional[asyncio.Task] = None
+        try:
+            while len(got) < len(tasks):
+                nxt = nxt or asyncio.create_task(_next(stream))
+                done, _ = await asyncio.wait({nxt}, timeout=poll)
+                if nxt in done:
+                    rollout = nxt.result()
+                    nxt = None
+                    got[rollout.task_id] = rollout
+                    self._open.pop(rollout.task_id, None)
+                if self.max_staleness is not None and self._staleness(got.values()) > self.max_staleness:
+                    break
+        finally:
+            if nxt is not None:
+                await cancel_and_wait([nxt])
+            await stream.aclose()
+        return got
+
+    async def _cancel(self, client: FarmClient, tasks: list[Task]) -> int:
+        """Stop waiting for `tasks` and cancel them on the farm; how many were still queued or running."""
+        reader = client.reader(self.run_id)
+        for t in tasks:
+            reader.drop(t.task_id)  # a late rollout of theirs is dropped as a duplicate
+            self._open.pop(t.task_id, None)
+        try:
+            report = await client.cancel(tasks)
+        except TransportError as exc:
+            log.warning("could not cancel %d tasks (%s); their late rollouts are dropped", len(tasks), exc)
+            return 0
+        return len(report.open)

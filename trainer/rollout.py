@@ -15,6 +15,17 @@ A rollout without token ids (policy_kind chat/responses: `trainable` False, or o
 trace) stops training with a ConfigError: it cannot be trained on, and masking every one of
 them would train on nothing while looking healthy.
 
+A step may submit more groups than TRL asked for and take the first ones to come back
+(`oversample`), and pass over groups whose rewards are all equal, submitting others in their
+place (`drop_zero_variance_groups`, `max_refills`): trainer/sampling.py holds that choice, its
+bounds and the bias it leaves. The batch is still one entry per prompt TRL gave, group by group;
+a TRL group that lost the race keeps its place filled by another group, whose token ids (what
+trains), reward, agent and `farm_prompt` (the row it answers, as JSON) come back aligned. What
+TRL itself keeps of its `prompts` (the `prompts=` argument of reward functions, other dataset
+columns, the completions table) still names the prompt it sampled: a custom reward function
+must read `farm_prompt`. Tasks still open when a step ends are cancelled on the farm and their
+late rollouts dropped, so a `cancelled` rollout never reaches TRL.
+
 A failed rollout (the worker's `failed` record, or no answer before the deadline) is masked,
 never scored 0: one placeholder token with env_mask 0 (nothing reaches the loss), and
 `env_reward=None`, which TRL turns into NaN and excludes from the group baseline and the
@@ -28,20 +39,20 @@ step to step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import math
 import threading
 import time
 import uuid
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, AsyncGenerator, Callable, Optional, cast
 
 from farm.client import FarmClient
-from farm.errors import ConfigError
+from farm.errors import ConfigError, TransportError
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
+from trainer.batch import Batch, Sample, batch_metrics, summary
+from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups, usable
 
 log = logging.getLogger("farm.trainer")
 
@@ -76,74 +87,14 @@ def parse_row(prompt: Any) -> dict:
     return row
 
 
-@dataclass
-class Sample:
-    """One prompt's answer, as handed to TRL."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    env_mask: list[int]
-    reward: Optional[float]
-    status: str
-    agent: str
-    policy_version: int
-
-
-@dataclass
-class Batch:
-    tasks: list[Task]
-    rollouts: list[Rollout]
-    samples: list[Sample]
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def batch_metrics(
-    tasks: list[Task], rollouts: list[Rollout], samples: list[Sample], version: int, wall_s: float
-) -> dict[str, float]:
-    """Per-step numbers: reward per agent, failures per kind, latency, queue wait, tokens, staleness."""
-    m: dict[str, float] = {
-        "farm/rollouts": float(len(rollouts)),
-        "farm/batch_wall_s": wall_s,
-        "farm/policy_version": float(version),
-    }
-    by_agent: dict[str, list[float]] = defaultdict(list)
-    failed = Counter()
-    for r, s in zip(rollouts, samples):
-        if s.reward is None:
-            failed[r.error.kind if r.error else "empty_completion"] += 1
-        else:
-            by_agent[r.agent_ref.name].append(s.reward)
-    for agent, rewards in sorted(by_agent.items()):
-        mean = sum(rewards) / len(rewards)
-        m[f"farm/reward/{agent}/mean"] = mean
-        m[f"farm/reward/{agent}/std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
-    m["farm/failed"] = float(sum(failed.values()))
-    m["farm/failed_frac"] = m["farm/failed"] / max(1, len(rollouts))
-    for kind, n in sorted(failed.items()):
-        m[f"farm/failed/{kind}"] = float(n)
-    done = [r for r in rollouts if r.timings.total_s > 0]
-    if done:
-        m["farm/latency_s/mean"] = sum(r.timings.total_s for r in done) / len(done)
-        m["farm/latency_s/max"] = max(r.timings.total_s for r in done)
-        m["farm/queue_wait_s/mean"] = sum(r.timings.queue_wait_s for r in done) / len(done)
-        m["farm/model_s/mean"] = sum(r.timings.model_s for r in done) / len(done)
-    m["farm/tokens/prompt"] = float(sum(len(s.prompt_ids) for s in samples if s.reward is not None))
-    m["farm/tokens/sampled"] = float(sum(sum(s.env_mask) for s in samples))
-    m["farm/tokens/env"] = float(sum(len(s.env_mask) - sum(s.env_mask) for s in samples if s.reward is not None))
-    answered = [r for r in rollouts if r.ok]
-    if answered:
-        stale = [version - r.policy_version for r in answered]
-        m["farm/staleness/mean"] = sum(stale) / len(stale)
-        m["farm/staleness/max"] = float(max(stale))
-    return m
-
-
 class FarmRollout:
     """`rollout_func` for GRPOTrainer: every call is one batch of Tasks through the farm.
 
     `version` is the policy version the trainer last published (weight sync bumps it);
     `batches` keeps every batch's tasks, rollouts and metrics for tests and benchmarks.
+    `oversample`, `drop_zero_variance_groups` and `max_refills` choose the step's groups
+    (trainer/sampling.py; training steps only, evaluation takes its prompts as they are);
+    `spare_rows` are the rows extra and refill groups come from (the training rows).
     """
 
     def __init__(
@@ -157,13 +108,32 @@ class FarmRollout:
         sampling: Optional[Sampling] = None,
         keep_batches: int = 100,
         client_factory: Optional[Callable[[Settings], FarmClient]] = None,
+        oversample: float = 1.0,
+        drop_zero_variance_groups: bool = False,
+        max_refills: int = 4,
+        spare_rows: Optional[list[dict]] = None,
+        spare_seed: int = 0,
     ):
+        extra_groups(1, oversample)  # checks it
+        if max_refills < 0:
+            raise ValueError("max_refills must be >= 0")
+        if (oversample > 1.0 or (drop_zero_variance_groups and max_refills > 0)) and not spare_rows:
+            raise ValueError(
+                "oversample > 1 and drop_zero_variance_groups submit groups beyond TRL's prompts: "
+                "pass spare_rows (the training rows) to draw them from"
+            )
         self.settings = settings
         self.tokenizer = tokenizer
         self.run_id = run_id or f"train-{uuid.uuid4().hex[:8]}"
         self.timeout_s = timeout_s
         self.num_generations = num_generations
         self.sampling = sampling or Sampling()
+        self.oversample, self.drop_zero_variance_groups, self.max_refills = (
+            oversample,
+            drop_zero_variance_groups,
+            max_refills,
+        )
+        self.spares = SpareRows([parse_row(r) for r in spare_rows], seed=spare_seed) if spare_rows else None
         self.version = 0
         self.batches: list[Batch] = []
         self.keep_batches = keep_batches
@@ -178,13 +148,13 @@ class FarmRollout:
 
     # -- TRL entry point -------------------------------------------------------------------
     def __call__(self, prompts: list, trainer=None) -> dict[str, list]:
-        num_generations, sampling = self.num_generations, self.sampling
+        num_generations, sampling, training = self.num_generations, self.sampling, True
         if trainer is not None:
             training = getattr(getattr(trainer, "model", None), "training", True)
             num_generations = trainer.num_generations if training else trainer.num_generations_eval
             args = trainer.args
             sampling = Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_completion_length)
-        batch = self.generate(prompts, num_generations, sampling)
+        batch = self.generate(prompts, num_generations, sampling, select=training)
         if trainer is not None and hasattr(trainer, "_log_metric"):
             for name, value in batch.metrics.items():
                 trainer._log_metric(name, value)
@@ -197,16 +167,16 @@ class FarmRollout:
             "agent": [s.agent for s in batch.samples],
             "farm_status": [s.status for s in batch.samples],
             "policy_version": [s.policy_version for s in batch.samples],
+            "farm_prompt": batch.prompts,
         }
 
     # -- the farm side -----------------------------------------------------------------------
-    def tasks_for(self, prompts: list, num_generations: int, sampling: Sampling) -> list[Task]:
+    def _groups_of(self, prompts: list, num_generations: int) -> list[tuple[Any, dict]]:
+        """(prompt, row) of each group of TRL's prompts, checked to be whole groups of one prompt."""
         rows = [parse_row(p) for p in prompts]
         if len(rows) % num_generations:
             raise ValueError(f"{len(rows)} prompts is not a whole number of groups of {num_generations}")
-        call = self._calls
-        self._calls += 1
-        tasks = []
+        out = []
         for g in range(len(rows) // num_generations):
             group = rows[g * num_generations : (g + 1) * num_generations]
             if any(r != group[0] for r in group[1:]):
@@ -214,38 +184,134 @@ class FarmRollout:
                     f"group {g}: the {num_generations} consecutive prompts of a group differ; "
                     "TRL repeats each prompt num_generations times in a row"
                 )
-            group_id = f"{self.run_id}-{call}-{g}"
-            for i, row in enumerate(group):
-                ref = row["agent_ref"]
-                tasks.append(
-                    self.client.task(
-                        run_id=self.run_id,
-                        agent=ref["name"],
-                        agent_type=ref.get("type", "responses_api_agents"),
-                        row=row,
-                        group_id=group_id,
-                        sample_index=i,
-                        sampling=sampling,
-                        policy_version=self.version,
-                        timeout_s=self.timeout_s,
-                    )
-                )
-        return tasks
+            out.append((prompts[g * num_generations], group[0]))
+        return out
+
+    def _group(self, row: dict, group_id: str, num_generations: int, sampling: Sampling, **kw: Any) -> Group:
+        ref = row["agent_ref"]
+        tasks = [
+            self.client.task(
+                run_id=self.run_id,
+                agent=ref["name"],
+                agent_type=ref.get("type", "responses_api_agents"),
+                row=row,
+                group_id=group_id,
+                sample_index=i,
+                sampling=sampling,
+                policy_version=self.version,
+                timeout_s=self.timeout_s,
+            )
+            for i in range(num_generations)
+        ]
+        return Group(group_id, row, tasks, submitted_at=time.monotonic(), **kw)
+
+    def _selection(
+        self, prompts: list, num_generations: int, sampling: Sampling, select: bool
+    ) -> tuple[GroupSelection, Callable[[int], Group]]:
+        """TRL's groups (each in its slot), plus the extra groups when over-sampling."""
+        given = self._groups_of(prompts, num_generations)
+        call = self._calls
+        self._calls += 1
+        sel = GroupSelection(
+            len(given),
+            drop_zero_variance=select and self.drop_zero_variance_groups,
+            max_refills=self.max_refills,
+        )
+        for g, (prompt, row) in enumerate(given):
+            sel.add(self._group(row, f"{self.run_id}-{call}-{g}", num_generations, sampling, slot=g, prompt=prompt))
+
+        def spawn(round_: int) -> Group:
+            """A group on the next spare row (an extra one at round 0, else a refill), added to `sel`."""
+            assert self.spares is not None  # checked in __init__
+            group_id = f"{self.run_id}-{call}-{len(sel.groups)}"
+            group = self._group(self.spares.take(), group_id, num_generations, sampling, round=round_)
+            sel.add(group)
+            return group
+
+        if select:
+            for _ in range(extra_groups(len(given), self.oversample)):
+                spawn(0)
+        return sel, spawn
+
+    def tasks_for(self, prompts: list, num_generations: int, sampling: Sampling) -> list[Task]:
+        """The Tasks of TRL's groups, as one step submits them (without extra groups)."""
+        sel, _ = self._selection(prompts, num_generations, sampling, False)
+        return [t for g in sel.groups for t in g.tasks]
 
     def generate(
-        self, prompts: list, num_generations: Optional[int] = None, sampling: Optional[Sampling] = None
+        self,
+        prompts: list,
+        num_generations: Optional[int] = None,
+        sampling: Optional[Sampling] = None,
+        *,
+        select: bool = True,
     ) -> Batch:
-        tasks = self.tasks_for(prompts, num_generations or self.num_generations, sampling or self.sampling)
+        """One step's batch. `select` False (evaluation) takes TRL's groups only, as they come."""
+        sel, spawn = self._selection(
+            prompts, num_generations or self.num_generations, sampling or self.sampling, select
+        )
         t0 = time.perf_counter()
-        got = self._loop.run(self.client.run_batch(tasks, timeout_s=self.timeout_s))
+        open_ids, cancelled_ids, cancelled_at = self._loop.run(self._collect(sel, spawn))
         wall = time.perf_counter() - t0
-        rollouts = [got[t.task_id] for t in tasks]
-        samples = [self.sample(t, r) for t, r in zip(tasks, rollouts)]
+        chosen = sel.batch()
+        pairs = sel.pairs(chosen)
+        tasks, rollouts = [t for t, _ in pairs], [r for _, r in pairs]
+        samples = [self.sample(t, r) for t, r in pairs]
         metrics = batch_metrics(tasks, rollouts, samples, self.version, wall)
-        batch = Batch(tasks, rollouts, samples, metrics)
+        metrics.update(sel.metrics(cancelled_ids, cancelled_at, chosen))
+        if select and self.spares is not None:  # the prompts that lost the race go first next time
+            taken = {id(g) for g in chosen}
+            lost = [g for g in sel.groups if id(g) not in taken and any(t.task_id in open_ids for t in g.tasks)]
+            self.spares.carry(g.row for g in lost)
+        prompts_used = [json.dumps(g.row) if g.prompt is None else g.prompt for g in chosen for _ in g.tasks]
+        batch = Batch(tasks, rollouts, samples, metrics, prompts_used, sel.groups)
         self.batches = (self.batches + [batch])[-self.keep_batches :]
-        log.info("rollouts v%d: %s", self.version, _summary(metrics))
+        log.info("rollouts v%d: %s", self.version, summary(metrics))
         return batch
+
+    async def _collect(self, sel: GroupSelection, spawn: Callable[[int], Group]) -> tuple[set[str], set[str], float]:
+        """Submit, stream rollouts into the selection (submitting refills) until it is finished or
+        the deadline passes, then cancel what is still open."""
+        deadline = time.time() + self.timeout_s
+        await self.client.submit(t for g in sel.groups for t in g.tasks)
+        while not sel.finished():
+            new = await self._stream(sel, spawn, deadline)
+            if not new:
+                break
+            await self.client.submit(t for g in new for t in g.tasks)
+        return await self._cancel_open(sel)
+
+    async def _stream(self, sel: GroupSelection, spawn: Callable[[int], Group], deadline: float) -> list[Group]:
+        """Offer rollouts as they arrive; returns the refill groups as soon as some are due
+        (the caller submits them and streams again), or [] once finished or at the deadline."""
+        stream = cast(AsyncGenerator[Rollout, None], self.client.results(sel.pending_tasks(), deadline=deadline))
+        async with contextlib.aclosing(stream):
+            async for rollout in stream:
+                if sel.offer(rollout) is None:
+                    continue
+                rounds = sel.refills() if time.time() < deadline else []
+                if rounds:
+                    return [spawn(r) for r in rounds]
+                if sel.finished():
+                    break
+        return []
+
+    async def _cancel_open(self, sel: GroupSelection) -> tuple[set[str], set[str], float]:
+        """Stop waiting for the tasks still open and cancel them on the farm: (open, cancelled, when)."""
+        now = time.monotonic()
+        open_tasks = [t for g in sel.groups for t in g.open_tasks()]
+        if not open_tasks:
+            return set(), set(), now
+        reader = self.client.reader(self.run_id)
+        for t in open_tasks:
+            reader.drop(t.task_id)  # a late rollout of theirs is dropped as a duplicate
+        open_ids = {t.task_id for t in open_tasks}
+        try:
+            report = await self.client.cancel(open_tasks)
+        except TransportError as exc:
+            log.warning("could not cancel %d open tasks (%s); their late rollouts are dropped", len(open_tasks), exc)
+            return open_ids, set(), now
+        return open_ids, set(report.open), now
 
     def sample(self, task: Task, rollout: Rollout) -> Sample:
         agent = task.agent_ref.name
@@ -256,8 +322,7 @@ class FarmRollout:
                 "from policy_kind chat/responses carry no token ids; train with policy_kind tokens "
                 "against vLLM"
             )
-        usable = rollout.ok and rollout.reward is not None and trace is not None and len(trace.completion_ids) > 0
-        if usable:
+        if usable(rollout) and trace is not None and rollout.reward is not None:
             return Sample(
                 list(trace.prompt()),
                 list(trace.completion()),
@@ -305,25 +370,6 @@ class FarmRollout:
             self._loop.run(self.client.aclose())
         finally:
             self._loop.stop()
-
-
-def _summary(m: dict[str, float]) -> str:
-    parts = [f"{int(m['farm/rollouts'])} rollouts in {m['farm/batch_wall_s']:.1f}s"]
-    parts += [
-        f"{k.split('/')[2]} reward {v:.2f}±{m[k[:-4] + 'std']:.2f}"
-        for k, v in m.items()
-        if k.startswith("farm/reward/") and k.endswith("/mean")
-    ]
-    if m["farm/failed"]:
-        parts.append(
-            "failed " + ", ".join(f"{k.split('/')[-1]}={int(v)}" for k, v in m.items() if k.startswith("farm/failed/"))
-        )
-    if "farm/latency_s/mean" in m:
-        parts.append(f"latency {m['farm/latency_s/mean']:.2f}s, queue {m['farm/queue_wait_s/mean']:.2f}s")
-    parts.append(f"tokens {int(m['farm/tokens/sampled'])} sampled/{int(m['farm/tokens/env'])} env")
-    if "farm/staleness/max" in m:
-        parts.append(f"staleness {m['farm/staleness/mean']:.1f} (max {int(m['farm/staleness/max'])})")
-    return "; ".join(parts)
 
 
 def env_reward(completions: list, env_reward: Optional[list] = None, **_: Any) -> list[Optional[float]]:

@@ -154,7 +154,8 @@ def build_trainer(
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
     model = model or AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16 if cfg.bf16 else torch.float32)
     args = grpo_args(cfg, **grpo_overrides)
-    train_ds = to_dataset(load_rows(os.path.expanduser(cfg.dataset_path)))
+    train_rows = load_rows(os.path.expanduser(cfg.dataset_path))
+    train_ds = to_dataset(train_rows)
     eval_ds = to_dataset(load_rows(os.path.expanduser(cfg.eval_dataset_path))) if cfg.eval_dataset_path else None
     run_id = cfg.run_id or f"{cfg.task}-{uuid.uuid4().hex[:8]}"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one result stream per rank: readers delete what they read
@@ -165,6 +166,13 @@ def build_trainer(
         run_id=run_id,
         timeout_s=cfg.rollout_timeout_s,
         num_generations=cfg.num_generations,
+        # Over-sampling and dynamic sampling draw their extra groups from the training rows
+        # (trainer/sampling.py); each rank from its own shuffled order.
+        oversample=cfg.oversample,
+        drop_zero_variance_groups=cfg.drop_zero_variance_groups,
+        max_refills=cfg.max_refills,
+        spare_rows=train_rows,
+        spare_seed=cfg.seed + int(os.environ.get("RANK", "0")),
     )
     if weight_sync is None:
         urls = cfg.sync_urls or list(settings.policy_urls)

@@ -1,0 +1,111 @@
+"""One step's batch as handed to TRL, and the numbers logged for it.
+
+`Sample` is one prompt's answer in TRL's layout; `Batch` a step's tasks, rollouts and samples with
+its metrics (reward per agent, failures per kind, latency, tokens, staleness, and the over-sampling
+counts of trainer.sampling); `summary` the one log line per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+from farm.schema import Rollout, Task
+from trainer.sampling import Group
+
+
+@dataclass
+class Sample:
+    """One prompt's answer, as handed to TRL."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    env_mask: list[int]
+    reward: Optional[float]
+    status: str
+    agent: str
+    policy_version: int
+
+
+@dataclass
+class Batch:
+    tasks: list[Task]
+    rollouts: list[Rollout]
+    samples: list[Sample]
+    metrics: dict[str, float] = field(default_factory=dict)
+    prompts: list = field(default_factory=list)  # the prompt each sample answers (TRL's, or a spare row's JSON)
+    groups: list[Group] = field(default_factory=list)  # every group the step submitted, taken or not
+
+
+def batch_metrics(
+    tasks: list[Task], rollouts: list[Rollout], samples: list[Sample], version: int, wall_s: float
+) -> dict[str, float]:
+    """Per-step numbers: reward per agent, failures per kind, latency, queue wait, tokens, staleness."""
+    m: dict[str, float] = {
+        "farm/rollouts": float(len(rollouts)),
+        "farm/batch_wall_s": wall_s,
+        "farm/policy_version": float(version),
+    }
+    by_agent: dict[str, list[float]] = defaultdict(list)
+    failed: Counter[str] = Counter()
+    for r, s in zip(rollouts, samples):
+        if s.reward is None:
+            failed[r.error.kind if r.error else "empty_completion"] += 1
+        else:
+            by_agent[r.agent_ref.name].append(s.reward)
+    for agent, rewards in sorted(by_agent.items()):
+        mean = sum(rewards) / len(rewards)
+        m[f"farm/reward/{agent}/mean"] = mean
+        m[f"farm/reward/{agent}/std"] = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+    m["farm/failed"] = float(sum(failed.values()))
+    m["farm/failed_frac"] = m["farm/failed"] / max(1, len(rollouts))
+    for kind, n in sorted(failed.items()):
+        m[f"farm/failed/{kind}"] = float(n)
+    done = [r for r in rollouts if r.timings.total_s > 0]
+    if done:
+        m["farm/latency_s/mean"] = sum(r.timings.total_s for r in done) / len(done)
+        m["farm/latency_s/max"] = max(r.timings.total_s for r in done)
+        m["farm/queue_wait_s/mean"] = sum(r.timings.queue_wait_s for r in done) / len(done)
+        m["farm/model_s/mean"] = sum(r.timings.model_s for r in done) / len(done)
+    m["farm/tokens/prompt"] = float(sum(len(s.prompt_ids) for s in samples if s.reward is not None))
+    m["farm/tokens/sampled"] = float(sum(sum(s.env_mask) for s in samples))
+    m["farm/tokens/env"] = float(sum(len(s.env_mask) - sum(s.env_mask) for s in samples if s.reward is not None))
+    answered = [r for r in rollouts if r.ok]
+    if answered:
+        stale = [version - r.policy_version for r in answered]
+        m["farm/staleness/mean"] = sum(stale) / len(stale)
+        m["farm/staleness/max"] = float(max(stale))
+    return m
+
+
+def summary(m: dict[str, float]) -> str:
+    parts = [f"{int(m['farm/rollouts'])} rollouts in {m['farm/batch_wall_s']:.1f}s"]
+    parts += [
+        f"{k.split('/')[2]} reward {v:.2f}±{m[k[:-4] + 'std']:.2f}"
+        for k, v in m.items()
+        if k.startswith("farm/reward/") and k.endswith("/mean")
+    ]
+    if m["farm/failed"]:
+        parts.append(
+            "failed " + ", ".join(f"{k.split('/')[-1]}={int(v)}" for k, v in m.items() if k.startswith("farm/failed/"))
+        )
+    if "farm/latency_s/mean" in m:
+        parts.append(f"latency {m['farm/latency_s/mean']:.2f}s, queue {m['farm/queue_wait_s/mean']:.2f}s")
+    parts.append(f"tokens {int(m['farm/tokens/sampled'])} sampled/{int(m['farm/tokens/env'])} env")
+    if "farm/staleness/max" in m:
+        parts.append(f"staleness {m['farm/staleness/mean']:.1f} (max {int(m['farm/staleness/max'])})")
+    needed, submitted = int(m.get("farm/groups/needed", 0)), int(m.get("farm/groups/submitted", 0))
+    if submitted > needed or m.get("farm/groups/cancelled"):
+        groups = f"groups {needed}/{submitted} taken, {int(m['farm/groups/cancelled'])} cancelled"
+        if m["farm/groups/cancelled"]:
+            groups += f" after {m['farm/groups/cancelled_run_s/max']:.1f}s max"
+        if m["farm/groups/zero_variance_dropped"] or m["farm/groups/refills"]:
+            groups += (
+                f", {int(m['farm/groups/zero_variance_dropped'])} zero-variance dropped,"
+                f" {int(m['farm/groups/refills'])} refills"
+            )
+        parts.append(groups)
+    return "; ".join(parts)
