@@ -247,3 +247,39 @@ def test_instruction_following_a_fast_answer_on_a_freshly_set_up_environment_sco
     options = {"grade_timeout_s": TINY}
     rewards = rewards_in_a_fresh_worker("envs.instruction_following.InstructionFollowing", options, cases)
     assert rewards == [1.0] * len(rewards) and rewards
+
+
+def spin_forever(path: str) -> None:
+    """A verifier stuck in a loop (it notes its pid first, for the test to watch)."""
+    import os
+
+    Path(path).write_text(str(os.getpid()))
+    while True:
+        pass
+
+
+async def test_a_cancelled_rollouts_verifier_is_killed_at_once(tmp_path):
+    """A cancel (farm.cancel) cancels the rollout's asyncio task while its verifier runs in the
+    pool: the pool process running it is killed then, not after its 60 s CPU limit."""
+    pool = CpuPool(workers=1)
+    await pool.start()
+    mark = tmp_path / "pid"
+    try:
+        running = asyncio.create_task(pool.run(spin_forever, str(mark), cpu_s=60))
+        for _ in range(200):
+            if mark.exists() and mark.read_text():
+                break
+            await asyncio.sleep(0.05)
+        pid = int(mark.read_text())
+        running.cancel()
+        t0 = time.monotonic()
+        while Path(f"/proc/{pid}").exists() and time.monotonic() - t0 < 5:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            await asyncio.sleep(0.02)
+        took = time.monotonic() - t0
+        alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+        assert not alive and took < 2, f"verifier process {pid} still running {took:.2f}s after the cancel"
+        assert (await pool.run(quick, 3, cpu_s=5)) == 4, "the pool serves the next call"
+    finally:
+        pool.close()
