@@ -17,7 +17,7 @@ import pytest
 
 from farm.schema import Sampling
 
-from conftest import spawn_worker
+from conftest import CharTokenizer, spawn_worker, trainer_row
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
@@ -33,23 +33,6 @@ def stop(proc, timeout: float = 30.0) -> str:
         return proc.communicate()[0]
 
 
-def noop_row(i: int, **spec) -> dict:
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": f"question {i}"}]},
-        "agent_ref": {"type": "responses_api_agents", "name": "noop"},
-        "noop": spec,
-    }
-
-
-class _Tok:
-    """Stand-in tokenizer: the noop tests need only eos and a way to tokenize a placeholder prompt."""
-
-    eos_token_id = 2
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) % 97 for c in text]}
-
-
 @pytest.fixture
 def noop_worker(settings):
     proc = spawn_worker(settings, "--agent", "noop", "--concurrency", "16")
@@ -60,10 +43,15 @@ def noop_worker(settings):
 def test_rollout_func_returns_one_masked_entry_per_prompt(settings, noop_worker):
     from trainer.rollout import FarmRollout, env_reward
 
-    rows = [noop_row(0, tokens=5, reward=1.0), noop_row(1, fail="fatal"), noop_row(2, tokens=3, reward=0.25)]
+    rows = [trainer_row(0, tokens=5, reward=1.0), trainer_row(1, fail="fatal"), trainer_row(2, tokens=3, reward=0.25)]
     prompts = [json.dumps(r) for r in rows for _ in range(2)]  # TRL repeats each prompt num_generations times
     rollout = FarmRollout(
-        settings, tokenizer=_Tok(), run_id="unit", timeout_s=30, num_generations=2, sampling=Sampling(max_tokens=8)
+        settings,
+        tokenizer=CharTokenizer(),
+        run_id="unit",
+        timeout_s=30,
+        num_generations=2,
+        sampling=Sampling(max_tokens=8),
     )
     rollout.version = 3
     try:
@@ -91,12 +79,12 @@ def test_rollout_func_returns_one_masked_entry_per_prompt(settings, noop_worker)
 def test_rollout_func_rejects_rows_without_agent_ref_and_split_groups(settings):
     from trainer.rollout import FarmRollout
 
-    rollout = FarmRollout(settings, tokenizer=_Tok(), timeout_s=5, num_generations=2)
+    rollout = FarmRollout(settings, tokenizer=CharTokenizer(), timeout_s=5, num_generations=2)
     try:
         with pytest.raises(ValueError, match="agent_ref"):
             rollout.tasks_for(["hello", "hello"], 2, Sampling())
         with pytest.raises(ValueError, match="differ"):
-            rollout.tasks_for([json.dumps(noop_row(0)), json.dumps(noop_row(1))], 2, Sampling())
+            rollout.tasks_for([json.dumps(trainer_row(0)), json.dumps(trainer_row(1))], 2, Sampling())
     finally:
         rollout.close()
 
@@ -105,9 +93,9 @@ def test_missing_rollouts_become_deadline_failures(settings):
     """No worker serves the agent: the batch comes back at the deadline, all masked, counted."""
     from trainer.rollout import FarmRollout
 
-    rollout = FarmRollout(settings, tokenizer=_Tok(), timeout_s=1.0, num_generations=2)
+    rollout = FarmRollout(settings, tokenizer=CharTokenizer(), timeout_s=1.0, num_generations=2)
     try:
-        out = rollout([json.dumps(noop_row(0))] * 2)
+        out = rollout([json.dumps(trainer_row(0))] * 2)
     finally:
         rollout.close()
     assert out["env_reward"] == [None, None] and out["env_mask"] == [[0], [0]]
@@ -194,7 +182,7 @@ def test_async_worker_adapter_streams_scored_groups(settings, noop_worker):
     """RolloutWorkerProtocol over the farm: samples land in rollout_buffer, tagged and scored."""
     from trainer.async_adapter import FarmRolloutWorker
 
-    rows = [noop_row(0, tokens=4, reward=1.0), noop_row(1, fail="fatal"), noop_row(2, tokens=6, reward=0.0)]
+    rows = [trainer_row(0, tokens=4, reward=1.0), trainer_row(1, fail="fatal"), trainer_row(2, tokens=6, reward=0.0)]
     worker = FarmRolloutWorker(settings, rows, num_generations=2, max_groups_in_flight=2, timeout_s=20)
     for attr in ("rollout_buffer", "metrics_queue", "start", "stop", "update_model_version", "check_health"):
         assert hasattr(worker, attr)
@@ -230,7 +218,7 @@ def test_async_worker_bounds_staleness(settings, noop_worker, on_stale):
     (or dropped), and no sample older than the bound reaches the buffer."""
     from trainer.async_adapter import FarmRolloutWorker
 
-    rows = [noop_row(0, tokens=4, reward=1.0, sleep_s=1.5)]
+    rows = [trainer_row(0, tokens=4, reward=1.0, sleep_s=1.5)]
     worker = FarmRolloutWorker(
         settings, rows, num_generations=2, max_groups_in_flight=1, timeout_s=30, max_staleness=1, on_stale=on_stale
     )
@@ -253,7 +241,7 @@ def test_async_worker_without_a_bound_keeps_stale_samples_tagged_with_their_vers
     from trainer.async_adapter import FarmRolloutWorker
 
     worker = FarmRolloutWorker(
-        settings, [noop_row(0, tokens=4, sleep_s=1.5)], num_generations=2, max_groups_in_flight=1, timeout_s=30
+        settings, [trainer_row(0, tokens=4, sleep_s=1.5)], num_generations=2, max_groups_in_flight=1, timeout_s=30
     )
     worker.start()
     try:
@@ -304,7 +292,7 @@ def test_lora_weights_are_synced_merged_under_the_base_names(model_dir, tmp_path
 def test_async_worker_health_check_raises_when_dead(settings):
     from trainer.async_adapter import FarmRolloutWorker
 
-    worker = FarmRolloutWorker(settings, [noop_row(0, tokens=2)], num_generations=2, timeout_s=1)
+    worker = FarmRolloutWorker(settings, [trainer_row(0, tokens=2)], num_generations=2, timeout_s=1)
     with pytest.raises(RuntimeError, match="not started"):
         worker.check_health(stale_after_s=1)
 
@@ -555,7 +543,7 @@ def test_farm_train_runs_from_a_yaml_file(settings, noop_worker, model_dir, tmp_
     from farm.cli import main
 
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(noop_row(i, tokens=4, reward=float(i))) + "\n" for i in range(2)))
+    data.write_text("".join(json.dumps(trainer_row(i, tokens=4, reward=float(i))) + "\n" for i in range(2)))
     config = tmp_path / "train.yaml"
     config.write_text(
         json.dumps(

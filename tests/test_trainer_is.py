@@ -11,12 +11,11 @@ TRL's AsyncGRPOTrainer against TRL's own packer.
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
-from conftest import spawn_worker, stop
+from conftest import one_step_config, spawn_worker, stop, tiny_model, trainer_row
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
@@ -28,11 +27,7 @@ NOOP_LOGPROB = -0.5  # what the noop agent reports for every sampled token
 
 
 def noop_row(i: int, tokens: int = 6) -> dict:
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": f"question {i}"}]},
-        "agent_ref": {"type": "responses_api_agents", "name": "noop"},
-        "noop": {"tokens": tokens, "reward": float(i)},
-    }
+    return trainer_row(i, tokens=tokens, reward=float(i))
 
 
 @pytest.fixture
@@ -42,49 +37,14 @@ def noop_worker(settings):
     stop(proc)
 
 
-def tiny_model(model_dir):
-    """A 2-layer Llama with SmolLM2's vocabulary and random weights: one step takes seconds."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_dir)
-    config.update(
-        {
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 16,
-        }
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config)
-
-
 def train_one_step(settings, model_dir, tmp_path, *, rollout_func=None, **overrides):
     """One GRPO step through build_trainer and the farm: the trainer, its logged metrics, and the
     names of the inputs each loss computation received."""
     from transformers import AutoTokenizer
 
-    from trainer.config import TrainConfig
     from trainer.train import build_trainer
 
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(noop_row(i)) + "\n" for i in range(2)))
-    cfg = TrainConfig(
-        model_name=str(model_dir),
-        dataset_path=str(data),
-        output_dir=str(tmp_path / "out"),
-        max_steps=1,
-        num_generations=2,
-        per_device_train_batch_size=4,
-        max_completion_length=8,
-        rollout_timeout_s=30,
-        weight_sync="none",
-        save_steps=1000,
-        torch_threads=1,
-        **overrides,
-    )
+    cfg = one_step_config(tmp_path, model_dir, [noop_row(i) for i in range(2)], **overrides)
     trainer, rollout, _ = build_trainer(
         settings, cfg, model=tiny_model(model_dir), tokenizer=AutoTokenizer.from_pretrained(model_dir)
     )

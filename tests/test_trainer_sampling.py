@@ -23,7 +23,7 @@ from farm.schema import Rollout, Status, Task, TokenTrace
 from farm.state import live_workers
 from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups
 
-from conftest import spawn_worker, stop, wait_for
+from conftest import CharTokenizer, one_step_config, spawn_worker, stop, tiny_model, trainer_row, wait_for
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -182,21 +182,6 @@ def test_spare_rows_cycle_in_a_seeded_order_and_cancelled_rows_go_first():
 # -- through the farm ---------------------------------------------------------------------------
 
 
-def noop_row(i: int, **spec) -> dict:
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": f"question {i}"}]},
-        "agent_ref": {"type": "responses_api_agents", "name": "noop"},
-        "noop": spec,
-    }
-
-
-class _Tok:
-    eos_token_id = 2
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) % 97 for c in text]}
-
-
 def start_worker(settings, concurrency: int = 16):
     proc = spawn_worker(settings, "--agent", "noop", "--concurrency", str(concurrency))
     r = redis.Redis.from_url(settings.redis_url)
@@ -228,11 +213,11 @@ def test_oversampled_step_takes_the_fast_groups_and_cancels_the_slow_ones(settin
     are dropped at the next step; their prompts go first in line for that step's extra groups."""
     from trainer.rollout import FarmRollout
 
-    slow = [noop_row(i, sleep_s=5, tokens=3, reward=0.0) for i in range(2)]
-    fast = [noop_row(10 + i, tokens=4, reward=float(10 + i)) for i in range(4)]
+    slow = [trainer_row(i, sleep_s=5, tokens=3, reward=0.0) for i in range(2)]
+    fast = [trainer_row(10 + i, tokens=4, reward=float(10 + i)) for i in range(4)]
     rollout = FarmRollout(
         settings,
-        tokenizer=_Tok(),
+        tokenizer=CharTokenizer(),
         run_id="over",
         num_generations=2,
         oversample=2.0,
@@ -284,16 +269,16 @@ def test_dynamic_sampling_refills_zero_variance_groups_within_the_bound(settings
 
     rollout = FarmRollout(
         settings,
-        tokenizer=_Tok(),
+        tokenizer=CharTokenizer(),
         run_id="dapo",
         num_generations=2,
         drop_zero_variance_groups=True,
         max_refills=2,
-        spare_rows=[noop_row(20 + i, tokens=2, reward=0.5) for i in range(3)],
+        spare_rows=[trainer_row(20 + i, tokens=2, reward=0.5) for i in range(3)],
         timeout_s=30,
     )
     try:
-        given = noop_row(0, tokens=3, reward=1.0)
+        given = trainer_row(0, tokens=3, reward=1.0)
         out = rollout([json.dumps(given)] * 2)
         m = rollout.batches[-1].metrics
     finally:
@@ -311,7 +296,12 @@ def test_eval_steps_take_trl_prompts_as_they_are(settings, noop_worker):
     from trainer.rollout import FarmRollout
 
     rollout = FarmRollout(
-        settings, tokenizer=_Tok(), num_generations=2, oversample=3.0, spare_rows=[noop_row(9)], timeout_s=30
+        settings,
+        tokenizer=CharTokenizer(),
+        num_generations=2,
+        oversample=3.0,
+        spare_rows=[trainer_row(9)],
+        timeout_s=30,
     )
     trainer = SimpleNamespace(
         model=SimpleNamespace(training=False),
@@ -320,7 +310,7 @@ def test_eval_steps_take_trl_prompts_as_they_are(settings, noop_worker):
         args=SimpleNamespace(temperature=1.0, top_p=1.0, max_completion_length=8),
     )
     try:
-        rollout([json.dumps(noop_row(0, tokens=2))] * 2, trainer)
+        rollout([json.dumps(trainer_row(0, tokens=2))] * 2, trainer)
         m = rollout.batches[-1].metrics
     finally:
         rollout.close()
@@ -333,7 +323,7 @@ def test_async_worker_cancels_its_in_flight_tasks_when_stopped(settings, noop_wo
 
     worker = FarmRolloutWorker(
         settings,
-        [noop_row(0, tokens=2, sleep_s=20)],
+        [trainer_row(0, tokens=2, sleep_s=20)],
         num_generations=2,
         max_groups_in_flight=2,
         oversample=1.5,
@@ -364,7 +354,7 @@ def test_async_worker_cancels_a_stale_groups_remaining_tasks_at_once(settings):
     proc = start_worker(settings, concurrency=1)
     worker = FarmRolloutWorker(
         settings,
-        [noop_row(0, tokens=2, sleep_s=1.5, reward=1.0)],
+        [trainer_row(0, tokens=2, sleep_s=1.5, reward=1.0)],
         num_generations=2,
         max_groups_in_flight=1,
         timeout_s=30,
@@ -392,36 +382,16 @@ def test_one_grpo_step_trains_on_the_groups_that_won(settings, noop_worker, mode
     """A real TRL step (a tiny random Llama, one step): TRL's two prompts are slow, the two spare
     groups that win carry rewards 3 and 5 (zero-variance each, so advantages 0; the step still
     runs): TRL's logged reward is theirs, and the farm/groups metrics reach its logs."""
-    torch = pytest.importorskip("torch")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from trainer.config import TrainConfig
     from trainer.rollout import FarmRollout
     from trainer.train import build_trainer
 
-    slow = [noop_row(i, sleep_s=5, tokens=3, reward=0.0) for i in range(2)]
-    fast = [noop_row(10 + i, tokens=4, reward=float(r)) for i, r in enumerate((3, 5))]
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in slow))
-    cfg = TrainConfig(
-        model_name=str(model_dir),
-        dataset_path=str(data),
-        output_dir=str(tmp_path / "out"),
-        max_steps=1,
-        num_generations=2,
-        per_device_train_batch_size=4,
-        max_completion_length=8,
-        rollout_timeout_s=30,
-        weight_sync="none",
-        save_steps=1000,
-        torch_threads=1,
-    )
-    config = AutoConfig.from_pretrained(model_dir)
-    config.update(dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2))
-    config.update(dict(num_key_value_heads=1, head_dim=16))
-    torch.manual_seed(0)
+    slow = [trainer_row(i, sleep_s=5, tokens=3, reward=0.0) for i in range(2)]
+    fast = [trainer_row(10 + i, tokens=4, reward=float(r)) for i, r in enumerate((3, 5))]
+    cfg = one_step_config(tmp_path, model_dir, slow)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    trainer, plain, _ = build_trainer(settings, cfg, model=AutoModelForCausalLM.from_config(config), tokenizer=tok)
+    trainer, plain, _ = build_trainer(settings, cfg, model=tiny_model(model_dir), tokenizer=tok)
     plain.close()
     rollout = FarmRollout(
         settings, tokenizer=tok, run_id="grpo-over", num_generations=2, oversample=2.0, spare_rows=fast, timeout_s=30
