@@ -81,7 +81,8 @@ class State:
         """Apply a /control body: only the keys it names change; a new seed restarts the draws."""
         if "fault" in change and change["fault"] in ("none", 0):
             change = {**change, "fault": None}
-        merged = msgspec.convert({**msgspec.structs.asdict(self.o), **change}, Options)
+        # Lax: a value sent as text ("503", "0.5") is taken as the number it spells, as it always was.
+        merged = msgspec.convert({**msgspec.structs.asdict(self.o), **change}, Options, strict=False)
         merged.check(self.script)
         self.o = merged
         if "seed" in change:
