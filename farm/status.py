@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import asdict
 from typing import Any, Optional
 
@@ -83,6 +84,11 @@ def run_status(settings, *, as_json: bool = False, watch_s: Optional[float] = No
     where = f"Redis {redact(settings.redis_url)}, namespace {settings.namespace!r}"
     r = connect_sync(settings)
     console = Console(width=min(80, Console().width))
+    if watch_s:
+        # Ctrl-C ends the watch even when this process was started with SIGINT ignored (Python then
+        # installs no handler of its own: a shell's background job, a supervisor), as the workers'
+        # own handlers do.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             with errors(settings.redis_url):

@@ -607,6 +607,9 @@ def test_status_watch_under_an_80_column_terminal_and_in_a_pipe(settings, namesp
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            # Started with SIGINT ignored, as a shell starts a background job (and as a suite run
+            # in the background started it): Ctrl-C still ends the watch (it hung before).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
         time.sleep(2.5)
         piped.send_signal(signal.SIGINT)
