@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from farm.errors import ConfigError
 from farm.keys import Keys, text
 from farm.transport import Outage
 from farm.watch import ChannelWatch
@@ -75,12 +76,15 @@ class CancelReport:
 
 
 def task_ids(tasks: Iterable[Any]) -> list[str]:
-    """Ids of Task objects or of ids given as text, in order, once each."""
+    """Ids of Task objects or of ids given as text, in order, once each; ConfigError for one that
+    cannot be a task id (it would split a cancel message)."""
     out: dict[str, None] = {}
     for t in tasks:
         tid = t if isinstance(t, str) else getattr(t, "task_id", None)
         if not isinstance(tid, str):
             raise TypeError(f"cancel takes Task objects or task ids, not {type(t).__name__}")
+        if not tid or len(tid) > 256 or any(c.isspace() for c in tid):
+            raise ConfigError(f"{tid[:80]!r} is not a task id (no spaces, 1-256 characters)")
         out[tid] = None
     return list(out)
 

@@ -48,20 +48,25 @@ class Outcomes:
         self.ctx = ctx
         self.worker_id = ctx.worker_id
         self.cancels = cancels
-        # The agent runs in flight, by task id: (run id, the run's asyncio task, when it started).
-        self.running: dict[str, tuple[str, asyncio.Task, float]] = {}
+        # The agent runs in flight, by task id: (run id, the run's asyncio task).
+        self.running: dict[str, tuple[str, asyncio.Task]] = {}
         self.stopped = 0  # runs stopped in flight by a cancel
 
     def stop(self, task_ids: set[str], run_ids: set[str]) -> None:
         """A cancel arrived (farm.cancel): stop the matching runs now; each then settles as `cancelled`."""
         hits = [tid for tid in task_ids if tid in self.running]
         if run_ids:
-            hits += [tid for tid, (run, _, _) in self.running.items() if run in run_ids and tid not in task_ids]
+            hits += [tid for tid, (run, _) in self.running.items() if run in run_ids and tid not in task_ids]
         for tid in hits:
             self.running[tid][1].cancel()
 
     def _cancelled(self, task: Task) -> bool:
         return self.cancels is not None and self.cancels.cancelled(task.task_id, task.run_id)
+
+    def _cancelled_op(self, entry_id: str, task: Task, attempt: int, picked: float, message: str) -> SettleOp:
+        """The one `cancelled` rollout of a task a client called off (farm.cancel)."""
+        rollout = self._stamp(Rollout.cancelled(task, message), task, attempt, picked)
+        return self.stream.reply_op(entry_id, rollout, task.reply_to)
 
     async def of(self, entry_id: str, fields: dict, deliveries: int, picked: float) -> SettleOp:
         s = self.settings
@@ -78,8 +83,7 @@ class Outcomes:
 
         attempt = task.attempt + deliveries - 1
         if self._cancelled(task):  # a set lookup: the cancel reached this process already (farm.cancel)
-            rollout = Rollout.cancelled(task, "cancelled before it started")
-            return st.reply_op(entry_id, self._stamp(rollout, task, attempt, picked), task.reply_to)
+            return self._cancelled_op(entry_id, task, attempt, picked, "cancelled before it started")
         if attempt > s.max_attempts:
             reason = (
                 f"delivered {attempt} times without finishing (max_attempts={s.max_attempts}); "
@@ -100,7 +104,7 @@ class Outcomes:
             limit = min(limit, task.deadline - picked)
         task_for_agent = msgspec.structs.replace(task, attempt=attempt) if attempt != task.attempt else task
         run = asyncio.ensure_future(self.agent.run(task_for_agent, self.ctx))
-        self.running[task.task_id] = (task.run_id, run, time.monotonic())
+        self.running[task.task_id] = (task.run_id, run)
         try:
             rollout = await asyncio.wait_for(run, timeout=max(limit, 0.001))
             if not isinstance(rollout, Rollout):
@@ -109,9 +113,10 @@ class Outcomes:
             if not run.cancelled() or _stopping() or not self._cancelled(task):
                 raise  # the worker is stopping: the task is handed back, not settled
             self.stopped += 1
-            took = time.monotonic() - self.running[task.task_id][2]
-            rollout = Rollout.cancelled(task, f"cancelled after {took:.2f}s in flight; its work was stopped")
-            return st.reply_op(entry_id, self._stamp(rollout, task, attempt, picked), task.reply_to)
+            took = time.time() - picked
+            return self._cancelled_op(
+                entry_id, task, attempt, picked, f"cancelled after {took:.2f}s in flight; its work was stopped"
+            )
         except RolloutFailure as exc:
             if exc.retryable:
                 return self._retry_or_give_up(entry_id, fields, task, attempt, str(exc.kind), exc.message, picked)
@@ -161,8 +166,8 @@ class Outcomes:
     ) -> SettleOp:
         s = self.settings
         if self._cancelled(task):  # cancelled while this attempt ran: never retried, never dead-lettered
-            rollout = Rollout.cancelled(task, f"cancelled; its last attempt had failed: {message}")
-            return self.stream.reply_op(entry_id, self._stamp(rollout, task, attempt, picked), task.reply_to)
+            message = f"cancelled; its last attempt had failed: {message}"
+            return self._cancelled_op(entry_id, task, attempt, picked, message)
         if attempt >= s.max_attempts:
             return self._give_up(
                 entry_id, fields, task, kind, f"failed {attempt} attempts; last: {message}", attempt, picked
