@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 from urllib.parse import urlsplit
@@ -88,6 +89,13 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy_timeout_s: float = 300.0  # one request to the policy
     policy_retry_budget_s: float = 120.0  # one model call keeps trying (and waiting for a replica) this long
     policy_max_retries: int = 4
+    # Placement over replicas (workers/policy/rotation.py): "group" starts a GRPO group's samples on
+    # one replica (its prompt prefilled once); "least_outstanding" places each rollout on its own.
+    policy_routing: Literal["group", "least_outstanding"] = "group"
+    policy_spill_ratio: float = 1.5  # a group's samples spill off a home holding more than this x the mean
+    # Headers for a router in front of the servers: name -> "group" or "session" (the task id);
+    # FARM_POLICY_ROUTE_HEADERS="X-SMG-Routing-Key=group,x-session-id=session".
+    policy_route_headers: dict[str, Literal["group", "session"]] = {}
     # tokens: token-in/token-out against vLLM's /v1/completions (trainable traces);
     # chat / responses: any OpenAI-compatible server through the openai client (text only, not trainable).
     policy_kind: Literal["tokens", "chat", "responses"] = "tokens"
@@ -144,6 +152,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"health_port must be a port number (1-65535), got {self.health_port}")
         if self.policy_max_retries < 0:
             raise ValueError("policy_max_retries must be >= 0")
+        if self.policy_spill_ratio < 1:
+            raise ValueError(f"policy_spill_ratio must be >= 1, got {self.policy_spill_ratio}")
+        for name in self.policy_route_headers:
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"policy_route_headers: {name!r} is not an HTTP header name")
         if self.sample_every < 0:
             raise ValueError("sample_every must be >= 0 (0: no samples)")
         for url in self.policy_urls:
@@ -251,6 +264,8 @@ def load_settings(
             raw[name] = env[var]
             if name == "policy_urls":
                 raw[name] = [u.strip() for u in env[var].split(",") if u.strip()]
+            elif name == "policy_route_headers":
+                raw[name] = _pairs(env[var], var)
             sources[name] = f"environment variable {var}"
     for name, value in (overrides or {}).items():
         if value is not None:
@@ -294,6 +309,22 @@ def _read_yaml(path: Path) -> dict[str, Any]:
                 raise ConfigError(f"config file {path} sets both {alias} (NeMo Gym's name) and {name}; keep one")
             farm[name] = farm.pop(alias)
     return farm
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _pairs(text: str, var: str) -> dict[str, str]:
+    """NAME=VALUE,NAME=VALUE from an environment variable, or a ConfigError naming it."""
+    out = {}
+    for item in (i.strip() for i in text.split(",")):
+        name, sep, value = item.partition("=")
+        if not item:
+            continue
+        if not sep or not name.strip() or not value.strip():
+            raise ConfigError(f"{var}: {item!r} is not NAME=VALUE (e.g. X-SMG-Routing-Key=group)")
+        out[name.strip()] = value.strip()
+    return out
 
 
 def _explain(exc: msgspec.ValidationError, sources: dict[str, str]) -> str:

@@ -68,3 +68,17 @@ def test_keys_are_namespaced_and_checked():
         k.tasks("has:colon")
     with pytest.raises(ValueError):
         Keys("")
+
+
+def test_routing_settings_from_the_environment_and_their_errors():
+    s = load_settings(env={"FARM_POLICY_ROUTE_HEADERS": "X-SMG-Routing-Key=group, x-session-id=session"})
+    assert s.policy_routing == "group" and s.policy_spill_ratio == 1.5
+    assert s.policy_route_headers == {"X-SMG-Routing-Key": "group", "x-session-id": "session"}
+    with pytest.raises(ConfigError, match="FARM_POLICY_ROUTE_HEADERS: 'nope' is not NAME=VALUE"):
+        load_settings(env={"FARM_POLICY_ROUTE_HEADERS": "nope"})
+    with pytest.raises(ConfigError, match="not an HTTP header name"):
+        load_settings(env={"FARM_POLICY_ROUTE_HEADERS": "a b=group"})
+    with pytest.raises(ConfigError, match="policy_routing"):
+        load_settings(env={"FARM_POLICY_ROUTING": "round_robin"})
+    with pytest.raises(ConfigError, match="policy_spill_ratio must be >= 1"):
+        load_settings(env={"FARM_POLICY_SPILL_RATIO": "0.5"})

@@ -86,15 +86,18 @@ class AgentLoop(EnvironmentAgent):
         """One rollout: sample a turn, answer its tool calls (or the row's next user turn), until done."""
         ep = self._start(task)
         mark = ctx.versions.mark() if ctx.versions is not None else None
-        for step in range(self.settings.max_steps):
-            turn = await self._model_turn(ep, step)
-            if turn is None:
-                break
-            new = await self._respond(ep, turn)
-            if not new or step == self.settings.max_steps - 1:
-                ep.metrics["hit_max_steps"] = bool(new)
-                break
-            ep.convo.extend(new)
+        try:
+            for step in range(self.settings.max_steps):
+                turn = await self._model_turn(ep, step)
+                if turn is None:
+                    break
+                new = await self._respond(ep, turn)
+                if not new or step == self.settings.max_steps - 1:
+                    ep.metrics["hit_max_steps"] = bool(new)
+                    break
+                ep.convo.extend(new)
+        finally:
+            ep.session.end()  # the replica stops counting this rollout (group placement's load)
         versions = ctx.versions.span(mark) if mark is not None and ctx.versions is not None else (None, None)
         return await self._finish(task, ep, versions)
 
@@ -107,7 +110,7 @@ class AgentLoop(EnvironmentAgent):
             row=row,
             state=self.env.new_state(row),
             sampling=sampling_for(task, self.settings.sampling),
-            session=Session(group=task.group_id),
+            session=Session(group=task.group_id, key=task.task_id),
         )
 
     async def _model_turn(self, ep: Episode, step: int) -> Optional[Turn]:
@@ -122,6 +125,8 @@ class AgentLoop(EnvironmentAgent):
             ep.timings.model_s += time.perf_counter() - t0
         ep.convo.add_reply(turn)
         ep.metrics["turns"] += 1
+        if step == 0 and ep.session.replica is not None:
+            ep.metrics["replica"] = ep.session.replica.url  # where the rollout started (its prefix cache)
         ep.final_text = turn.text
         if turn.text or not turn.calls or self.settings.loop == "single_turn":
             ep.output.append(

@@ -7,7 +7,7 @@ agent registry all import it and none of them imports another for it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from farm.settings import Settings
 
@@ -25,6 +25,9 @@ class PolicyConfig:
     health_interval_s: float = 15.0  # how often replicas in rotation are health-checked
     max_connections: int = 64  # per replica: set it to the worker's concurrency
     keepalive_s: float = 60.0
+    routing: Literal["group", "least_outstanding"] = "group"  # how new rollouts are placed (rotation.py)
+    spill_ratio: float = 1.5  # a group's samples leave its crowded home beyond this x the mean load
+    route_headers: dict[str, str] = field(default_factory=dict)  # header -> "group" | "session", for routers
     extra: dict[str, Any] = field(default_factory=dict)  # extra request fields for every call
     # The openai-client backend only: its key (never printed) and the client's own retries.
     api_key: Optional[str] = field(default=None, repr=False)
@@ -40,4 +43,7 @@ class PolicyConfig:
             max_connections=max(8, settings.concurrency),
             api_key=settings.policy_api_key,
             max_retries=settings.policy_max_retries,
+            routing=settings.policy_routing,
+            spill_ratio=settings.policy_spill_ratio,
+            route_headers=dict(settings.policy_route_headers),
         )

@@ -106,8 +106,12 @@ class ChatConversation(TextConversation):
         if self.tools:
             self.messages, self.tools = tools_in_system(self.messages, self.tools), []
 
-    async def turn(self, client: openai.AsyncOpenAI, model: str, sampling: dict, step: int) -> Turn:
+    async def turn(
+        self, client: openai.AsyncOpenAI, model: str, sampling: dict, step: int, headers: Optional[dict] = None
+    ) -> Turn:
         kw = request_args(sampling, _CHAT_ARGS)
+        if headers:
+            kw["extra_headers"] = headers
         if self.tools:
             kw["tools"] = self.tools
         resp = await client.chat.completions.create(model=model, messages=self.messages, **kw)
@@ -145,8 +149,12 @@ class ResponsesConversation(TextConversation):
         if self.tools:
             self.items, self.tools = tools_in_system(self.items, self.tools), []
 
-    async def turn(self, client: openai.AsyncOpenAI, model: str, sampling: dict, step: int) -> Turn:
+    async def turn(
+        self, client: openai.AsyncOpenAI, model: str, sampling: dict, step: int, headers: Optional[dict] = None
+    ) -> Turn:
         kw = request_args(sampling, _RESPONSES_ARGS)
+        if headers:
+            kw["extra_headers"] = headers
         if self.tools:
             kw["tools"] = [{"type": "function", **t["function"]} for t in self.tools]
         resp = await client.responses.create(model=model, input=self.items, **kw)

@@ -93,12 +93,13 @@ class OpenAIPolicy:
     async def turn(self, convo: OpenAIConversation, sampling: dict, session: Session, step: int) -> Turn:
         replica = self.rotation.pick(session) or await self._wait_for_replica(session)
         i = self._index[id(replica)]
+        headers = self.rotation.headers(session)
         replica.outstanding += 1
         try:
             if self.prompted[i]:
                 convo.prompt_tools()
             try:
-                turn = await convo.turn(self.client(i), self.config.model, sampling, step)
+                turn = await convo.turn(self.client(i), self.config.model, sampling, step, headers)
             except openai.BadRequestError as exc:
                 if _NO_TOOL_PARSER not in _server_message(exc) or not convo.tools:
                     raise
@@ -110,7 +111,7 @@ class OpenAIPolicy:
                     )
                 self.prompted[i] = True
                 convo.prompt_tools()
-                turn = await convo.turn(self.client(i), self.config.model, sampling, step)
+                turn = await convo.turn(self.client(i), self.config.model, sampling, step, headers)
         except openai.OpenAIError as exc:
             failure = self.failure(exc, replica)
             if isinstance(failure, RolloutFailure) and failure.retryable:

@@ -5,12 +5,27 @@ workers/policy/openai_pool.py) ask the rotation for a replica before every reque
 back how it answered; the rotation alone decides who is in rotation, so the request path never
 holds that state, and both backends have the same `ready()`:
 
-  in rotation   takes requests; a rollout (a `Session`) stays on its replica for the whole
-                conversation (prefix-cache reuse), new rollouts go where fewest are outstanding;
+  in rotation   takes requests;
   cooling       answered 429 or 503: no requests until its Retry-After (or a doubling backoff)
                 has passed, then back on its next good answer;
   out           errored `unhealthy_after` times in a row or failed its /health check; probed
                 every `probe_interval_s` until it answers, then back in.
+
+Placement (`pick`, the one place a rollout's replica is chosen). A rollout (a `Session`) stays
+on its replica for its whole conversation, so each turn's prefix is in that server's KV cache.
+With `routing = "group"` (the default) the G samples of one GRPO group (one `group_id`) also
+start on one replica, the group's home, so their shared prompt (system prompt, tool schemas,
+the row) is prefilled once instead of on up to G replicas. The key is the group, not the
+prompt's first blocks: groups often differ only in a user message after a long shared prefix.
+A new group goes to the ready replica with the fewest rollouts assigned (live sessions, not
+requests: a rollout between turns still holds its cache there). A group's later sample spills
+to the least-loaded replica only when its home holds more than `spill_ratio` times the mean
+rollouts assigned plus the group's own samples there, so an idle farm never splits its first
+group while one replica filled by long sessions stops taking new groups' samples. A home that
+leaves rotation (or cools) hands its group to the replica the next sample lands on, at that
+sample's pick. `routing = "least_outstanding"` is the placement without groups: each new
+rollout goes where fewest requests are outstanding. Homes are kept for the last
+`GROUPS_KEPT` groups, so memory stays bounded however many groups pass through.
 
 `ready()` / `wait_ready()` say whether any replica can take work now; the worker fetches no
 task while none can. Health checks use a small session of their own, and a replica that
@@ -21,8 +36,11 @@ Two settings belong to the backend that owns the rotation. `probes`: hosted APIs
 /health, so the openai backend's rotation runs no health checks, and since nothing could then
 bring a replica back, errors never take one out. `failure_penalty_s`: a replica whose request
 failed that recently goes last among the ready ones for new rollouts (the openai backend's
-COOLDOWN_S; 0, no effect, for the token client). New sessions are placed in `pick`, the one
-place a rollout's replica is chosen (and where its `group` would keep a group on one replica).
+COOLDOWN_S; 0, no effect, for the token client).
+
+Routers in front of the servers (vLLM's production-stack router, SGLang's gateway) place
+requests themselves; `route_headers` sends each request the keys they route on (header name ->
+"group" or "session"), e.g. {"X-SMG-Routing-Key": "group"} for SGLang's consistent hashing.
 """
 
 from __future__ import annotations
@@ -32,7 +50,8 @@ import email.utils
 import logging
 import random
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Optional
 
 import aiohttp
@@ -42,11 +61,14 @@ from workers.policy.config import PolicyConfig
 
 log = logging.getLogger("farm.policy")
 
+GROUPS_KEPT = 65_536  # group homes remembered (least recently used dropped first)
+
 
 @dataclass
 class Replica:
     url: str
-    outstanding: int = 0
+    outstanding: int = 0  # requests in flight
+    assigned: int = 0  # rollouts placed here and not yet ended (live sessions)
     healthy: bool = True  # in rotation
     cool_until: float = 0.0  # monotonic time before which it takes no request (429/503)
     cooldowns: int = 0  # consecutive 429/503 answers (for the backoff without Retry-After)
@@ -62,13 +84,33 @@ class Replica:
 
 
 @dataclass
+class Home:
+    """Where a group's samples start, and how many of them are live there."""
+
+    replica: Replica
+    live: int = 0
+
+
+@dataclass
 class Session:
-    """One rollout's affinity to a replica (`group`: its task's group_id)."""
+    """One rollout's affinity to a replica: `group` is its task's group_id, `key` its task id.
+
+    `end()` when the rollout is over: the replica stops counting it as assigned."""
 
     replica: Optional[Replica] = None
     group: Optional[str] = None
+    key: Optional[str] = None
     moves: int = 0
     requests: int = 0
+    home: Optional[Home] = field(default=None, repr=False)  # the group's home when it was placed there
+
+    def end(self) -> None:
+        if self.replica is not None:
+            self.replica.assigned -= 1
+            self.replica = None
+        if self.home is not None:
+            self.home.live -= 1
+            self.home = None
 
 
 def retry_after_s(value: Optional[str]) -> Optional[float]:
@@ -91,6 +133,8 @@ class Rotation:
         self.probes = probes
         self.failure_penalty_s = failure_penalty_s
         self.replicas = [Replica(u.rstrip("/")) for u in config.urls]
+        self._homes: OrderedDict[str, Home] = OrderedDict()  # group -> home, least recently used first
+        self._headers = tuple(config.route_headers.items())
         self._monitor_task: Optional[asyncio.Task] = None
         self._health: Optional[aiohttp.ClientSession] = None
         self._ready: Optional[asyncio.Event] = None
@@ -128,30 +172,93 @@ class Rotation:
         await self._event().wait()
 
     def pick(self, session: Session) -> Optional[Replica]:
-        """The session's replica while it can take work, else the ready one with the fewest requests
-        outstanding (one that failed within `failure_penalty_s` goes last); None when none is ready."""
+        """The session's replica while it can take work; else its group's home if that is ready and
+        not crowded; else the least-loaded ready replica (one that failed within `failure_penalty_s`
+        goes last). None when no replica is ready."""
         now = time.monotonic()
         current = session.replica
         if current is not None and current.ready(now):
             return current
+        home = self._home(session.group) if self.config.routing == "group" and session.group else None
+        if home is not None and home.replica.ready(now) and not self._crowded(home, now):
+            return self._place(session, home.replica, home)
+        best = self._least_loaded(now)
+        if best is None:
+            return None
+        if session.group and self.config.routing == "group" and (home is None or not home.replica.ready(now)):
+            home = self._rehome(session.group, best)  # a new group, or one whose home left rotation
+        return self._place(session, best, home if home is not None and home.replica is best else None)
+
+    def _home(self, group: str) -> Optional[Home]:
+        home = self._homes.get(group)
+        if home is not None:
+            self._homes.move_to_end(group)
+        return home
+
+    def _rehome(self, group: str, replica: Replica) -> Home:
+        """A new home for the group (its samples live on the old one keep counting there)."""
+        home = self._homes[group] = Home(replica)
+        self._homes.move_to_end(group)
+        if len(self._homes) > GROUPS_KEPT:
+            self._homes.popitem(last=False)
+        return home
+
+    def _crowded(self, home: Home, now: float) -> bool:
+        """More rollouts on the home than `spill_ratio` x the mean over ready replicas, beyond the
+        group's own samples there."""
+        ready = [r for r in self.replicas if r.ready(now)]
+        mean = sum(r.assigned for r in ready) / len(ready)
+        return home.replica.assigned - home.live > self.config.spill_ratio * mean
+
+    def _least_loaded(self, now: float) -> Optional[Replica]:
+        """The ready replica with the fewest rollouts assigned (routing "group") or requests
+        outstanding ("least_outstanding"); random among equals."""
+        by_rollouts = self.config.routing == "group"
         best: Optional[Replica] = None
-        best_rank = (False, 0)
+        best_rank = (False, 0, 0)
         ties = 0
         for r in self.replicas:
             if not r.ready(now):
                 continue
-            rank = (now - r.failed_at < self.failure_penalty_s, r.outstanding)
+            load = r.assigned if by_rollouts else r.outstanding
+            rank = (now - r.failed_at < self.failure_penalty_s, load, r.outstanding)
             if best is None or rank < best_rank:
                 best, best_rank, ties = r, rank, 1
             elif rank == best_rank:
                 ties += 1
                 if random.random() * ties < 1:
                     best = r
-        if best is not None and current is not None and current is not best:
-            session.moves += 1
-        if best is not None:
-            session.replica = best
         return best
+
+    @staticmethod
+    def _place(session: Session, replica: Replica, home: Optional[Home]) -> Replica:
+        """Put the session on `replica` (moving it off its old one), counted in the group's home
+        when that is where it lands."""
+        old = session.replica
+        if old is not replica:
+            if old is not None:
+                old.assigned -= 1
+                session.moves += 1
+            replica.assigned += 1
+            session.replica = replica
+        if session.home is not home:
+            if session.home is not None:
+                session.home.live -= 1
+            if home is not None:
+                home.live += 1
+            session.home = home
+        return replica
+
+    def headers(self, session: Session) -> Optional[dict[str, str]]:
+        """The routing headers for a router in front of the servers (`route_headers`), or None."""
+        if not self._headers:
+            return None
+        out = {}
+        for name, which in self._headers:
+            value = session.group if which == "group" else session.key
+            if value:
+                out[name] = value
+        return out or None
 
     async def take(self, session: Session, deadline: float) -> Optional[Replica]:
         """pick(), waiting for a replica to come back until the monotonic `deadline` (then None)."""

@@ -176,7 +176,9 @@ class PolicyClient:
             start = time.perf_counter()
             try:
                 payload = aiohttp.payload.BytesPayload(data, content_type="application/json")
-                async with self._session(replica).post(f"{replica.url}/v1/completions", data=payload) as resp:
+                async with self._session(replica).post(
+                    f"{replica.url}/v1/completions", data=payload, headers=self.rotation.headers(session)
+                ) as resp:
                     status, raw = resp.status, await resp.read()
                     retry_after = resp.headers.get("Retry-After")
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
