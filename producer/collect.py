@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from farm.client import FarmClient
 from farm.errors import ConfigError, FarmError, TransportError
-from farm.schema import AgentRef, ErrorKind, Rollout, Task
+from farm.schema import AgentRef, ErrorKind, Rollout, Status, Task
 from farm.settings import Settings
 from farm.tasks import cancel_and_wait
 from producer import metrics as metrics_mod
@@ -172,7 +172,10 @@ class Collector:
                 live.reward_sum += rollout.reward
                 live.rewarded += 1
         else:
-            live.failed += 1
+            if rollout.status is Status.cancelled:
+                live.cancelled += 1
+            else:
+                live.failed += 1
             bad.append(text)
 
     def _expire(self, good: list[bytes], bad: list[bytes]) -> None:

@@ -15,6 +15,7 @@ class Live:
     failed: int = 0
     reward_sum: float = 0.0
     rewarded: int = 0
+    cancelled: int = 0  # by a client (`farm cancel`): not the model failing, so not under `failed`
 
 
 def per_second(n: float, elapsed: float) -> str:
@@ -29,7 +30,8 @@ def per_second(n: float, elapsed: float) -> str:
 def _line(name: str, v: Live, done: int, total: int, elapsed: float) -> str:
     reward = f"{v.reward_sum / v.rewarded:.3f}" if v.rewarded else "-"
     rate = per_second(v.done, elapsed)
-    return f"{name[:18]:<18} {done:>7,}/{total:<7,} {rate:>8}  failed {v.failed:>5,}  reward {reward}"
+    cancelled = f"  cancelled {v.cancelled:,}" if v.cancelled else ""
+    return f"{name[:18]:<18} {done:>7,}/{total:<7,} {rate:>8}  failed {v.failed:>5,}  reward {reward}{cancelled}"
 
 
 @contextmanager
@@ -58,6 +60,7 @@ def live_progress(enabled: bool, totals: dict[str, int], already: dict[str, int]
                 sum(x.failed for x in live.values()),
                 sum(x.reward_sum for x in live.values()),
                 sum(x.rewarded for x in live.values()),
+                sum(x.cancelled for x in live.values()),
             )
             out.append(("all", v, v.done + sum(already.values()), sum(totals.values())))
         return out

@@ -197,3 +197,31 @@ def test_the_collect_table_says_how_many_were_cancelled(capsys):
     row = next(line for line in lines if line.startswith("noop "))
     assert dict(zip(header.split(), row.split()))["failed"] == "1", "a cancel is not a failure"
     assert "noop cancelled: 3 (not failed, not scored)" in lines and all(len(x) <= 80 for x in lines)
+
+
+async def test_collect_progress_counts_cancelled_apart(farm, tmp_path):
+    """`farm collect`'s live progress line: a client's cancel is not the model failing."""
+    from producer.collect import Collector
+    from producer.plan import CollectOptions
+    from producer.progress import _line
+
+    settings, r, worker, got, tasks, live = farm
+    collector = Collector(
+        settings,
+        CollectOptions(input=tmp_path / "in.jsonl", output=tmp_path / "o.jsonl", progress=False),
+        Paths.for_output(tmp_path / "o.jsonl"),
+        "cx",
+        set(),
+    )
+    good: list[bytes] = []
+    bad: list[bytes] = []
+    try:
+        for i, task in enumerate(tasks):
+            collector.window = asyncio.Semaphore(len(tasks))
+            collector.outstanding[task.task_id] = (task, i, 0, 1, i, 1.0)
+            collector._settle(got[task.task_id], good, bad)
+    finally:
+        await collector.client.aclose()
+    progress = collector.live["noop"]
+    assert (progress.done, progress.failed, progress.cancelled) == (6, 1, 3)
+    assert _line("noop", progress, 6, 6, 1.0).endswith("cancelled 3")
