@@ -7,14 +7,26 @@ demand), never the transport the clients under test use.
 
 - `server`: the server itself (`python -m workers.policy.stub`): HTTP, aborts, the command line;
 - `model`: `Script`, what it answers, and `Options`, when and how (latency distribution, random
-  replies, faults), as the command line and POST /control set them;
+  replies, faults, prefill), as the command line and POST /control set them;
+- `prefix`: `PrefixCache`, a replica's prefix cache as vLLM's automatic prefix caching keeps it,
+  which decides how many prompt tokens a completion is charged prefill time for;
 - `process`: `StubProcess`, the server in a child process, restartable on one port;
 - `weather`: the `single_tool_call` scenario (a tool call for the weather in Paris, then an
   answer) as a Script and rows that earn reward 1.
 """
 
 from workers.policy.stub.model import Script
+from workers.policy.stub.prefix import BLOCK, PrefixCache
 from workers.policy.stub.process import StubProcess
 from workers.policy.stub.weather import WEATHER_ANSWER, WEATHER_CALL, weather_rows, weather_script
 
-__all__ = ["WEATHER_ANSWER", "WEATHER_CALL", "Script", "StubProcess", "weather_rows", "weather_script"]
+__all__ = [
+    "BLOCK",
+    "WEATHER_ANSWER",
+    "WEATHER_CALL",
+    "PrefixCache",
+    "Script",
+    "StubProcess",
+    "weather_rows",
+    "weather_script",
+]

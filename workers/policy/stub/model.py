@@ -9,6 +9,16 @@ Replies (`pick`): `scripted` answers a completion with the first token reply not
 prompt; `random` with any token reply, drawn by `weights` (default equal), so an environment that
 grades them gives rewards that vary within a group (and some groups get all-equal rewards, as
 GRPO's zero-variance groups). Chat and Responses replies follow the assistant turns either way.
+With `filler_tokens` N, a token reply starts with N ids drawn from the script's `filler` (a short
+"thought"), so the G samples of one prompt differ as sampled completions do, and a prefix cache
+cannot serve one sample's next turn from another's; the scripted order still holds.
+
+Prefill (`prefix_cache_tokens`, `prefill_s_per_token`): each process is one replica with a prefix
+cache of that many tokens (prefix.py, vLLM's automatic prefix caching; 0, the default, is off),
+and a completion is answered prefill_s_per_token x its uncached prompt tokens later than the
+latency drawn. Only /v1/completions (token ids) has a cache: chat and Responses requests carry
+text, so they are never cached or charged. The reply's `usage.prompt_tokens_details.cached_tokens`
+says what was found, as vLLM's does.
 
 The HTTP side (server.py) keeps, per connection, the requests not yet answered; `pending` and
 `aborts` here are their totals.
@@ -25,6 +35,8 @@ from typing import Any, Optional
 
 import msgspec
 
+from workers.policy.stub.prefix import PrefixCache
+
 _json = msgspec.json
 DISTS = ("fixed", "uniform", "lognormal")
 PICKS = ("scripted", "random")
@@ -36,6 +48,7 @@ class Script(msgspec.Struct, kw_only=True):
 
     token_replies: list[list[int]] = []  # each ends with the model's EOS id
     token_logprob: float = -0.25
+    filler: list[int] = []  # ids a token reply may start with (Options.filler_tokens): plain words
     chat_replies: list[dict[str, Any]] = []  # {"content": str, "tool_calls": [{"name", "arguments"}]}
     model: str = "stub"
     max_model_len: int = 4096
@@ -55,6 +68,9 @@ class Options(msgspec.Struct, kw_only=True):
     fault: Optional[int] = None
     error_rate: float = 0.0
     retry_after: Optional[float] = None
+    prefix_cache_tokens: int = 0  # the replica's prefix cache, in tokens (0: off)
+    prefill_s_per_token: float = 0.0  # added to a completion's latency per uncached prompt token
+    filler_tokens: int = 0  # ids drawn from the script's filler at the start of each token reply
 
     def check(self, script: Script) -> None:
         if self.latency_dist not in DISTS:
@@ -65,6 +81,10 @@ class Options(msgspec.Struct, kw_only=True):
             raise ValueError(f"weights: {len(self.weights)} for {len(script.token_replies)} token replies")
         if self.latency_s < 0 or self.sigma < 0:
             raise ValueError("latency_s and sigma must be >= 0")
+        if self.prefix_cache_tokens < 0 or self.prefill_s_per_token < 0:
+            raise ValueError("prefix_cache_tokens and prefill_s_per_token must be >= 0")
+        if self.filler_tokens < 0 or (self.filler_tokens and not script.filler):
+            raise ValueError("filler_tokens must be >= 0, and needs the script's filler ids")
 
 
 class State:
@@ -76,6 +96,7 @@ class State:
         self.pending = 0
         self.aborts: deque[tuple[float, float]] = deque(maxlen=MAX_ABORTS)
         self.packed = [array("i", r).tobytes() for r in script.token_replies]
+        self.cache = PrefixCache(options.prefix_cache_tokens)
 
     def change(self, change: dict) -> None:
         """Apply a /control body: only the keys it names change; a new seed restarts the draws."""
@@ -87,6 +108,7 @@ class State:
         self.o = merged
         if "seed" in change:
             self.rng = random.Random(merged.seed)
+        self.cache.resize(merged.prefix_cache_tokens)
 
     def delay(self) -> float:
         o = self.o
@@ -95,6 +117,14 @@ class State:
         if o.latency_dist == "uniform" and o.jitter_s:
             return max(0.0, o.latency_s + self.rng.uniform(-o.jitter_s, o.jitter_s))
         return o.latency_s
+
+    def prefill_s(self, reply: dict) -> float:
+        """The prefill time of a reply: its uncached prompt tokens' (a completion's only)."""
+        usage = reply.get("usage") or {}
+        details = usage.get("prompt_tokens_details")
+        if not details or not self.o.prefill_s_per_token:
+            return 0.0
+        return self.o.prefill_s_per_token * (usage["prompt_tokens"] - details["cached_tokens"])
 
     def injected(self) -> Optional[int]:
         if self.o.fault is None:
@@ -111,10 +141,13 @@ class State:
         if len(prompt) >= self.script.max_model_len:
             raise ValueError(f"This model's maximum context length is {self.script.max_model_len} tokens")
         ids = self._token_reply(prompt)
+        if self.o.filler_tokens:
+            ids = self.rng.choices(self.script.filler, k=self.o.filler_tokens) + ids
         finish = "stop"
         limit = body.get("max_tokens")
         if isinstance(limit, int) and limit < len(ids):
             ids, finish = ids[:limit], "length"
+        cached = self.cache.admit(prompt, ids)
         return {
             "id": "cmpl-stub",
             "object": "text_completion",
@@ -130,7 +163,11 @@ class State:
                     },
                 }
             ],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(ids),
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
         }
 
     def _token_reply(self, prompt: list[int]) -> list[int]:

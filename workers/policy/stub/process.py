@@ -2,7 +2,9 @@
 
 Keyword options beyond latency_s and jitter_s are the server's command-line options by name
 (`latency_dist="lognormal"`, `sigma=1.0`, `seed=0`, `pick="random"`, `weights=[3, 1]`,
-`fault=503`, ...); the same names change them at run time through `control()`.
+`fault=503`, `prefix_cache_tokens=65536`, `prefill_s_per_token=2e-5`, ...); the same names
+change them at run time through `control()`. `prefix_cache()` reads the replica's prefix-cache
+counters.
 """
 
 from __future__ import annotations
@@ -112,6 +114,10 @@ class StubProcess:
 
     def stats(self) -> dict:
         return self.get("/stats")
+
+    def prefix_cache(self) -> dict:
+        """The prefix cache's counters: requests, prompt_tokens, cached_tokens, prefilled_tokens, ..."""
+        return self.stats()["prefix_cache"]
 
     def aborts(self) -> list[dict]:
         """The requests whose clients closed their connections unanswered: {"received", "closed"} epoch s."""

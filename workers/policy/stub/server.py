@@ -7,7 +7,10 @@ HTTP/1.1 with keep-alive, msgspec decodes and encodes the JSON, and each answer 
 requests/s on one core of this 2-core machine).
 
 Latency (`--latency-dist` fixed, uniform or lognormal with `--sigma`) and replies (`--pick`
-scripted or random, by `--weights`) are model.py's; every draw is seeded by `--seed`.
+scripted or random, by `--weights`, each after `--filler-tokens` random ids) are model.py's;
+every draw is seeded by `--seed`. With `--prefix-cache-tokens N` the process is a replica with a
+prefix cache of N tokens (prefix.py) and a completion waits `--prefill-s-per-token` more per
+prompt token it missed.
 
 A request whose client closes its connection before the answer is an abort: its timer is
 cancelled, it is counted (`aborted` in /stats) and listed in /aborts with the epoch seconds
@@ -23,9 +26,12 @@ Endpoints:
   POST /v1/responses                   the same, in the Responses API's output items
   POST /control                        change latency, replies, faults at run time (JSON keys
                                        as the options: latency_s, jitter_s, latency_dist, sigma,
-                                       seed, pick, weights, fault, error_rate, retry_after)
-  GET  /stats                          requests by path and status since start, `aborted`, and
-                                       `pending` (model requests not yet answered)
+                                       seed, pick, weights, fault, error_rate, retry_after,
+                                       filler_tokens, prefix_cache_tokens, prefill_s_per_token)
+  GET  /stats                          requests by path and status since start, `aborted`,
+                                       `pending` (model requests not yet answered) and
+                                       `prefix_cache` (completions: requests, prompt_tokens,
+                                       cached_tokens, prefilled_tokens, blocks, evicted_blocks)
   GET  /aborts                         the last 100,000 aborts: [{"received", "closed"}, ...]
 
 Faults (command line or /control): `fault` = "429" | "500" | "503" answers every model
@@ -134,7 +140,10 @@ class HttpProtocol(asyncio.Protocol):
                 },
             )
         elif path == "/stats":
-            self._send(200, {**st.stats, "aborted": st.stats["aborted"], "pending": st.pending})
+            self._send(
+                200,
+                {**st.stats, "aborted": st.stats["aborted"], "pending": st.pending, "prefix_cache": st.cache.stats()},
+            )
         elif path == "/aborts":
             self._send(200, [{"received": r, "closed": c} for r, c in st.aborts])
         elif path == "/control" and method == "POST":
@@ -154,7 +163,9 @@ class HttpProtocol(asyncio.Protocol):
                 return
             st.stats["status 200"] += 1
             self.next_id += 1
-            timer = asyncio.get_running_loop().call_later(st.delay(), self._answer, self.next_id, reply)
+            timer = asyncio.get_running_loop().call_later(
+                st.delay() + st.prefill_s(reply), self._answer, self.next_id, reply
+            )
             self.waiting[self.next_id] = (timer, time.time())
             st.pending += 1
         else:
@@ -217,6 +228,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--fault", type=int, choices=(429, 500, 503), help="answer model requests with this status")
     p.add_argument("--error-rate", type=float, default=0.0, help="fraction of model requests that get --fault")
     p.add_argument("--retry-after", type=float, help="Retry-After seconds sent with injected faults")
+    p.add_argument("--filler-tokens", type=int, default=0, help="ids from the script's filler before each reply")
+    p.add_argument("--prefix-cache-tokens", type=int, default=0, help="this replica's prefix cache (0: off)")
+    p.add_argument("--prefill-s-per-token", type=float, default=0.0, help="seconds added per uncached prompt token")
     args = p.parse_args(argv)
     script = _json.decode(Path(args.replies).read_bytes(), type=Script) if args.replies else Script()
     options = Options(
@@ -230,6 +244,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         fault=args.fault,
         error_rate=args.error_rate,
         retry_after=args.retry_after,
+        filler_tokens=args.filler_tokens,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+        prefill_s_per_token=args.prefill_s_per_token,
     )
     try:
         options.check(script)
