@@ -166,3 +166,24 @@ def test_64_groups_of_8_on_four_replicas_start_together_and_stay(settings, four_
     for r in control:
         spread[r.group_id].add(r.metrics["replica"])
     assert sum(len(s) == 1 for s in spread.values()) / len(spread) < 0.5  # the test can tell them apart
+
+
+def test_two_worker_processes_mostly_agree_on_a_groups_home():
+    """Each process has its own rotation; the samples of one group fetched by two processes start
+    on one replica when the group's id picks the same home among the similarly loaded replicas."""
+    first, second = rotation(), rotation()
+    live: list[Session] = []
+    for k in range(64):
+        for i in range(8):  # the group's samples alternate between the processes
+            s = Session(group=f"g{k}")
+            (first if i % 2 == 0 else second).pick(s)
+            live.append(s)
+        if len(live) > 64:  # rollouts end as new ones start: each process holds about 32
+            for s in live[:8]:
+                s.end()
+            live = live[8:]
+    agree = sum(first._homes[f"g{k}"].replica.url == second._homes[f"g{k}"].replica.url for k in range(64)) / 64
+    assert agree >= 0.9, agree
+    for rot in (first, second):
+        served = Counter(h.replica.url for h in rot._homes.values())
+        assert max(served.values()) / min(served.values()) <= 1.5, served

@@ -17,8 +17,10 @@ With `routing = "group"` (the default) the G samples of one GRPO group (one `gro
 start on one replica, the group's home, so their shared prompt (system prompt, tool schemas,
 the row) is prefilled once instead of on up to G replicas. The key is the group, not the
 prompt's first blocks: groups often differ only in a user message after a long shared prefix.
-A new group goes to the ready replica with the fewest rollouts assigned (live sessions, not
-requests: a rollout between turns still holds its cache there). A group's later sample spills
+A new group goes to a ready replica with few rollouts assigned (live sessions, not requests:
+a rollout between turns still holds its cache there): among those within NEAR x the mean load of
+the least loaded, the one its group id hashes to first, so that worker processes, which each
+keep their own rotation, mostly choose the same home for a group whose samples they share. A group's later sample spills
 to the least-loaded replica only when its home holds more than `spill_ratio` times the mean
 rollouts assigned plus the group's own samples there, so an idle farm never splits its first
 group while one replica filled by long sessions stops taking new groups' samples. A home that
@@ -50,6 +52,7 @@ import email.utils
 import logging
 import random
 import time
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Optional
@@ -62,6 +65,7 @@ from workers.policy.config import PolicyConfig
 log = logging.getLogger("farm.policy")
 
 GROUPS_KEPT = 65_536  # group homes remembered (least recently used dropped first)
+NEAR = 0.5  # a new group's home: a replica within this x the mean load of the least loaded
 
 
 @dataclass
@@ -182,11 +186,12 @@ class Rotation:
         home = self._home(session.group) if self.config.routing == "group" and session.group else None
         if home is not None and home.replica.ready(now) and not self._crowded(home, now):
             return self._place(session, home.replica, home)
-        best = self._least_loaded(now)
+        homeless = session.group if (home is None or not home.replica.ready(now)) else None
+        best = self._least_loaded(now, homeless if self.config.routing == "group" else None)
         if best is None:
             return None
-        if session.group and self.config.routing == "group" and (home is None or not home.replica.ready(now)):
-            home = self._rehome(session.group, best)  # a new group, or one whose home left rotation
+        if homeless and self.config.routing == "group":
+            home = self._rehome(homeless, best)  # a new group, or one whose home left rotation
         return self._place(session, best, home if home is not None and home.replica is best else None)
 
     def _home(self, group: str) -> Optional[Home]:
@@ -210,25 +215,28 @@ class Rotation:
         mean = sum(r.assigned for r in ready) / len(ready)
         return home.replica.assigned - home.live > self.config.spill_ratio * mean
 
-    def _least_loaded(self, now: float) -> Optional[Replica]:
+    def _least_loaded(self, now: float, group: Optional[str] = None) -> Optional[Replica]:
         """The ready replica with the fewest rollouts assigned (routing "group") or requests
-        outstanding ("least_outstanding"); random among equals."""
-        by_rollouts = self.config.routing == "group"
-        best: Optional[Replica] = None
-        best_rank = (False, 0, 0)
-        ties = 0
-        for r in self.replicas:
-            if not r.ready(now):
-                continue
-            load = r.assigned if by_rollouts else r.outstanding
-            rank = (now - r.failed_at < self.failure_penalty_s, load, r.outstanding)
-            if best is None or rank < best_rank:
-                best, best_rank, ties = r, rank, 1
-            elif rank == best_rank:
-                ties += 1
-                if random.random() * ties < 1:
-                    best = r
-        return best
+        outstanding ("least_outstanding"), one that failed within `failure_penalty_s` last.
+
+        For a new group's home: among the replicas within NEAR x the mean load of the least loaded,
+        the one the group's id hashes to first (rendezvous hashing over the replicas' URLs). Every
+        worker process computes the same preference without asking anyone, so the samples of one
+        group fetched by several processes, whose loads are alike, mostly start on one replica."""
+        ready = [r for r in self.replicas if r.ready(now)]
+        if not ready:
+            return None
+        fresh = [r for r in ready if now - r.failed_at >= self.failure_penalty_s] or ready
+        if self.config.routing != "group":
+            least = min(r.outstanding for r in fresh)
+            return random.choice([r for r in fresh if r.outstanding == least])
+        least = min(r.assigned for r in fresh)
+        if group is None:
+            ties = [r for r in fresh if r.assigned == least]
+            fewest = min(r.outstanding for r in ties)
+            return random.choice([r for r in ties if r.outstanding == fewest])
+        near = least + max(1.0, NEAR * sum(r.assigned for r in ready) / len(ready))
+        return max((r for r in fresh if r.assigned <= near), key=lambda r: zlib.crc32(f"{group}\0{r.url}".encode()))
 
     @staticmethod
     def _place(session: Session, replica: Replica, home: Optional[Home]) -> Replica:
