@@ -63,6 +63,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     block_ms: int = 500
     health_port: Optional[int] = None  # `farm worker` serves /healthz and /readyz here (+ slot); `farm health` asks
     listen_host: str = "127.0.0.1"  # where `farm worker` serves its health and metrics ports (0.0.0.0 in a container)
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"  # a worker's loop: auto is uvloop where installed
     restart_max: int = 5  # `--processes P`: a child is restarted at most this often...
     restart_window_s: float = 60.0  # ...within this window; more crashes stop the pool
     # Connection: one retry layer (farm.transport.Outage), jittered exponential backoff bounded by time.

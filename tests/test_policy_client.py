@@ -227,3 +227,30 @@ def test_a_template_that_looks_at_contents_loses_its_frame(model_dir):
     assert [v for k, v in tok._frames.items() if k[0] == "prompt"] == [None]  # dropped for good
     short = [messages[0], {"role": "user", "content": "short"}]
     assert tok.prompt_ids(short, None) == tok.encode(tok._render(short, None, True))
+
+
+def test_ids_and_text_equal_transformers_own(tokenizer, model_dir):
+    """The worker calls the Rust tokenizer directly (a third cheaper than through transformers); its
+    ids and text must stay transformers' own, and any configuration the direct call would not honour
+    (here truncation) sends it back through transformers."""
+    from workers.policy.chat import ChatTokenizer, _rust_tokenizer
+
+    hf = tokenizer.tok
+    texts = [
+        "",
+        "plain words",
+        "  edge spaces \n\n",
+        '<|im_start|>tool\n{"city": "Paris", "temperature_c": 12}<|im_end|>\n<|im_start|>assistant\n',
+        "<|im_end|><|im_end|>unicode: café, 東京, 🙂 <tool_call>{}</tool_call>",
+        "<|endoftext|> and <|im_start|> spelled inside text",
+    ]
+    assert tokenizer._rust is not None, "SmolLM2's fast tokenizer takes the direct path"
+    for text in texts:
+        ids = hf.encode(text, add_special_tokens=False)
+        assert tokenizer.encode(text) == ids
+        assert tokenizer.decode(ids) == hf.decode(ids, skip_special_tokens=False)
+    truncating = ChatTokenizer(str(model_dir))
+    truncating.tok.backend_tokenizer.enable_truncation(max_length=4)
+    truncating._rust = _rust_tokenizer(truncating.tok)
+    assert truncating._rust is None
+    assert truncating.encode(texts[3]) == hf.encode(texts[3], add_special_tokens=False)

@@ -95,16 +95,15 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
             redis_ok=lambda: answers(s),
         )
 
-    import asyncio
-
     from farm.embedded import ensure_redis
+    from workers.delivery.chores import run_loop
     from workers.delivery.runtime import run_worker
     from workers.loops.agent import load_agent
 
     loaded = load_agent(agent, s, impl)  # an unknown agent fails here, before any connection
     slot = int(os.environ.get("FARM_WORKER_SLOT", "0"))
     with ensure_redis(s) as s:
-        counters = asyncio.run(
+        counters = run_loop(
             run_worker(
                 s,
                 agent,
@@ -112,7 +111,8 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
                 concurrency=s.concurrency,
                 metrics_port=metrics_port + slot if metrics_port else None,
                 health_port=s.health_port + slot if s.health_port else None,
-            )
+            ),
+            s.event_loop,
         )
     log.info("worker exit", extra=dict(counters))
     return 0

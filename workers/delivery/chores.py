@@ -1,13 +1,14 @@
-"""What a worker process does beside running tasks: its version, open-file limit, periodic summary
-line, and a stack dump of its asyncio tasks on SIGUSR1."""
+"""What a worker process does beside running tasks: its event loop, version, open-file limit,
+periodic summary line, and a stack dump of its asyncio tasks on SIGUSR1."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import resource
 import time
-from typing import Any
+from typing import Any, Coroutine, TypeVar
 
 import farm
 from farm.errors import ConfigError
@@ -19,6 +20,49 @@ FILES_RESERVED = 256  # Redis connections, logs, the tokenizer, sandboxes: besid
 
 
 VERSION = farm.__version__
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+FULL_GC_AFTER = 1000  # young collections between full ones (Python's default: 10)
+T = TypeVar("T")
+
+
+def settle_heap() -> None:
+    """Keep the cyclic garbage collector off the worker's hot path: freeze what start-up built, make full
+    collections rare.
+
+    Thousands of rollouts in flight keep about a million objects alive, and Python's default
+    (a full collection every 10 young ones once a quarter of the heap is new) walked them all
+    every 3-4 s: 36% of a worker's CPU at 8,192 loops (bench/concurrency.py), in pauses of about
+    0.5 s that stall every loop; with this, 1.44 -> 0.94 ms of CPU per rollout, same peak RSS.
+    Young collections still run as before and reclaim the cycles a rollout leaves, and the modules,
+    tokenizer and chat template loaded at start are never walked again (`gc.freeze`).
+    """
+    gc.collect()
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_GC_AFTER)
+
+
+def run_loop(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
+    """Run the worker's main coroutine on uvloop (`auto`: where it is installed) or asyncio's own loop,
+    after `settle_heap`.
+
+    uvloop does the loop's own work (a timer per request's timeout, callbacks, socket reads) in C:
+    at 8,192 loops per process it took 5% off the worker's CPU (1.39 -> 1.32 ms per rollout).
+    """
+    if choice not in EVENT_LOOPS:
+        main.close()
+        raise ConfigError(f"event loop {choice!r}: choose one of {', '.join(EVENT_LOOPS)}")
+    settle_heap()
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                main.close()
+                raise ConfigError("event loop uvloop: uvloop is not installed (pip install uvloop)") from None
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
 
 
 def raise_open_files(concurrency: int) -> int:

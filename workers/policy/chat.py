@@ -142,6 +142,7 @@ class ChatTokenizer:
         self._tool_texts: dict[bytes, str] = {}
         self._frames: OrderedDict[tuple, Optional[list[str]]] = OrderedDict()
         self._checked: dict[tuple, int] = {}
+        self._rust = _rust_tokenizer(self.tok)
 
     @cached_property
     def native_tools(self) -> bool:
@@ -180,9 +181,13 @@ class ChatTokenizer:
         return [{"role": "system", "content": text}, *messages], None
 
     def encode(self, text: str) -> list[int]:
+        if self._rust is not None:
+            return self._rust.encode(text, add_special_tokens=False).ids
         return self.tok.encode(text, add_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
+        if self._rust is not None and not self.tok.clean_up_tokenization_spaces:
+            return self._rust.decode(ids, skip_special_tokens=False)
         return self.tok.decode(ids, skip_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict], tools: Optional[list[dict]]) -> list[int]:
@@ -292,6 +297,22 @@ class ChatTokenizer:
         if cut < 0:
             raise ValueError(f"rendered assistant turn lacks the EOS token {self.eos!r}")
         return before[cut + len(self.eos) :] + after[len(before) :]
+
+
+def _rust_tokenizer(tok: Any) -> Any:
+    """The `tokenizers` object under a fast tokenizer, when calling it directly gives the same ids as
+    transformers' `encode` (no truncation or padding configured, special tokens not split); else None.
+
+    transformers wraps each call in argument checks and a BatchEncoding and sends a single text
+    through the batch API: 32 us per encode and 6.3 us per decode of an environment turn, against
+    21 and 2.8 us for the direct call (2 cores); about 0.03 ms of the worker's CPU per rollout.
+    """
+    rust = getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
+    if rust is None or rust.truncation is not None or rust.padding is not None:
+        return None
+    if bool(rust.encode_special_tokens) != bool(getattr(tok, "split_special_tokens", False)):
+        return None
+    return rust
 
 
 def _plain(content: Any) -> bool:
