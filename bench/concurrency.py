@@ -238,6 +238,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--profile", type=float, default=0.0, help="py-spy each worker for up to this many seconds")
     p.add_argument("--profile-dir", type=Path, default=Path("/tmp/farm-bench-profiles"))
     args = p.parse_args(argv)
+    if any(int(c) % args.processes or int(c) % args.plain_processes for c in args.concurrency.split(",")):
+        p.error("each --concurrency must divide evenly among --processes and --plain-processes")
     if args.profile and not Profiles([], 0, Path(), "").exe:
         p.error("--profile records with py-spy, which is not installed here (pip install py-spy)")
     if not answers(args.redis_url):
