@@ -65,7 +65,7 @@ from workers.policy.config import PolicyConfig
 log = logging.getLogger("farm.policy")
 
 GROUPS_KEPT = 65_536  # group homes remembered (least recently used dropped first)
-NEAR = 0.5  # a new group's home: a replica within this x the mean load of the least loaded
+NEAR = 0.25  # a new group's home: a replica within this x the mean load of the least loaded
 
 
 @dataclass
