@@ -447,3 +447,22 @@ def one_step_config(tmp_path, model_dir, rows: list[dict], **overrides):
         torch_threads=1,
     )
     return TrainConfig(**{**settings, **overrides})
+
+
+@contextlib.contextmanager
+def stub_processes(script, workdir, **defaults):
+    """A function starting policy stubs (workers/policy/stub) of `script`; all stopped at the end."""
+    from workers.policy.stub import StubProcess
+
+    started: list = []
+
+    def start(**kw):
+        stub = StubProcess(script, workdir=workdir, **{**defaults, **kw}).start()
+        started.append(stub)
+        return stub
+
+    try:
+        yield start
+    finally:
+        for stub in started:
+            stub.stop()

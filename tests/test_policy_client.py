@@ -13,24 +13,18 @@ import pytest
 from aiohttp import web
 
 from workers.policy.chat import BadToolCall, ToolCall, chat_tools, input_messages, parse_tool_calls
-from workers.policy.stub import Script, StubProcess
+from workers.policy.stub import Script
 from workers.policy.tokens import PolicyClient, PolicyConfig, PolicyRejected, PolicyUnavailable, Session, retry_after_s
+
+from conftest import stub_processes
 
 SCRIPT = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=2048)
 
 
 @pytest.fixture
 def stubs(tmp_path):
-    started: list[StubProcess] = []
-
-    def start(**kw) -> StubProcess:
-        stub = StubProcess(SCRIPT, workdir=tmp_path, **{"latency_s": 0.01, **kw}).start()
-        started.append(stub)
-        return stub
-
-    yield start
-    for s in started:
-        s.stop()
+    with stub_processes(SCRIPT, tmp_path, latency_s=0.01) as start:
+        yield start
 
 
 async def serve(handler) -> tuple[str, web.AppRunner]:

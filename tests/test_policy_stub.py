@@ -17,6 +17,8 @@ import pytest
 
 from workers.policy.stub import Script, StubProcess
 
+from conftest import stub_processes
+
 A, B = [5, 6, 2], [7, 2]
 SCRIPT = Script(token_replies=[A, B], model="m", max_model_len=2048)
 BODY = json.dumps({"model": "m", "prompt": [1, 2, 3], "max_tokens": 16}).encode()
@@ -24,16 +26,8 @@ BODY = json.dumps({"model": "m", "prompt": [1, 2, 3], "max_tokens": 16}).encode(
 
 @pytest.fixture
 def stub(tmp_path):
-    started: list[StubProcess] = []
-
-    def start(**kw) -> StubProcess:
-        s = StubProcess(SCRIPT, workdir=tmp_path, **{"latency_s": 0.0, **kw}).start()
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.stop()
+    with stub_processes(SCRIPT, tmp_path, latency_s=0.0) as start:
+        yield start
 
 
 async def complete(http: aiohttp.ClientSession, url: str) -> tuple[float, list[int]]:

@@ -16,21 +16,15 @@ import pytest
 
 from workers.policy.stub import BLOCK, Script, StubProcess
 
+from conftest import stub_processes
+
 SCRIPT = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=8192)
 
 
 @pytest.fixture
 def stub(tmp_path):
-    started: list[StubProcess] = []
-
-    def start(**kw) -> StubProcess:
-        s = StubProcess(SCRIPT, workdir=tmp_path, **{"latency_s": 0.0, **kw}).start()
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.stop()
+    with stub_processes(SCRIPT, tmp_path, latency_s=0.0) as start:
+        yield start
 
 
 def tokens(n: int, seed: int) -> list[int]:
