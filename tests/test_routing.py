@@ -10,6 +10,7 @@ routing and once with the placement without groups as the control.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter, defaultdict
 
 import pytest
@@ -18,9 +19,10 @@ from farm.client import FarmClient
 from workers.policy import rotation as rotation_module
 from workers.policy.config import PolicyConfig
 from workers.policy.rotation import Rotation, Session
-from workers.policy.stub import StubProcess
+from workers.policy.stub import Script, StubProcess
 from workers.policy.stub import weather_rows as rows
 from workers.policy.stub import weather_script as script_for
+from workers.policy.tokens import PolicyClient
 from workers.supervise.stack import policy_env
 
 from conftest import spawn_worker, stop
@@ -111,6 +113,33 @@ def test_route_headers_carry_the_group_and_session_keys():
     s = Session(group="g7", key="task-1")
     assert rot.headers(s) == {"X-SMG-Routing-Key": "g7", "x-session-id": "task-1"}
     assert rotation().headers(s) is None
+
+
+async def test_a_home_that_stops_answering_hands_its_group_on_within_two_seconds(tmp_path):
+    """A real replica killed under a group: the group's next sample is answered by the other replica
+    within 2 s (three refused connections take the home out of rotation), and the samples after it
+    start there at once."""
+    script = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=2048)
+    with (
+        StubProcess(script, latency_s=0.01, workdir=tmp_path) as a,
+        StubProcess(script, latency_s=0.01, workdir=tmp_path) as b,
+    ):
+        client = PolicyClient(PolicyConfig(urls=[a.url, b.url], model="m"))
+        try:
+            first = Session(group="g")
+            await client.complete([1, 2, 3], {}, first)
+            home, other = (a, b) if first.replica.url == a.url else (b, a)
+            home.stop()
+            start = time.monotonic()
+            second = Session(group="g")
+            answer = await client.complete([1, 2, 3], {}, second)
+            handed_on = time.monotonic() - start
+            third = Session(group="g")
+            await client.complete([1, 2, 3], {}, third)
+        finally:
+            await client.aclose()
+    assert answer.replica == other.url and handed_on < 2.0, handed_on
+    assert third.replica.url == other.url and third.moves == 0  # placed on the new home directly
 
 
 @pytest.fixture

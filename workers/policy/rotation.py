@@ -8,8 +8,8 @@ holds that state, and both backends have the same `ready()`:
   in rotation   takes requests;
   cooling       answered 429 or 503: no requests until its Retry-After (or a doubling backoff)
                 has passed, then back on its next good answer;
-  out           errored `unhealthy_after` times in a row or failed its /health check; probed
-                every `probe_interval_s` until it answers, then back in.
+  out           refused a connection, errored `unhealthy_after` times in a row or failed its
+                /health check; probed every `probe_interval_s` until it answers, then back in.
 
 Placement (`pick`, the one place a rollout's replica is chosen). A rollout (a `Session`) stays
 on its replica for its whole conversation, so each turn's prefix is in that server's KV cache.
@@ -300,6 +300,16 @@ class Rotation:
         replica.failed_at = time.monotonic()
         if self.probes and replica.healthy and replica.errors >= self.config.unhealthy_after:
             self.take_out(replica, f"{replica.errors} errors in a row, last: {reason}")
+
+    def refused(self, replica: Replica, reason: str) -> None:
+        """A connection to the replica could not be made: nothing listens there. Out of rotation at
+        once where probes can bring it back (its groups go elsewhere at their next placement), else
+        an ordinary failure."""
+        replica.errors += 1
+        replica.last_error = reason
+        replica.failed_at = time.monotonic()
+        if self.probes and replica.healthy:
+            self.take_out(replica, f"connection refused: {reason}")
 
     def take_out(self, replica: Replica, reason: str) -> None:
         replica.healthy = False

@@ -185,7 +185,14 @@ class PolicyClient:
                 # A kept-alive connection the server closed as we reused it: once, retry at once.
                 last = f"{replica.url}: {type(exc).__name__}: {exc}"
                 stale += 1
-                if stale > 1 or isinstance(exc, aiohttp.ClientConnectorError):
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    # Nothing listens there (or it cannot be reached): out of rotation at once, back
+                    # when a probe answers, and the call tries another replica without waiting.
+                    self.rotation.refused(replica, last)
+                    errors += 1
+                    if self.rotation.ready():
+                        continue
+                elif stale > 1:
                     self.rotation.failed(replica, last)
                     errors += 1
                 else:
