@@ -21,20 +21,16 @@ from farm.errors import SchemaError
 from farm.keys import Keys, text
 
 # KEYS: dead stream, tasks stream. ARGV: letter ids. Returns how many were requeued.
+# Move dead letters back to the task stream, each only if it is still a dead letter (a letter
+# requeued twice at once goes back once). KEYS: dead stream, tasks stream. ARGV: (letter id,
+# schema version, task body) triples; the body is the task to run, its attempts started over.
 REQUEUE = """
 local n = 0
-for i = 1, #ARGV do
-  local e = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
-  if #e == 1 then
-    local f, v, d = e[1][2], nil, nil
-    for j = 1, #f, 2 do
-      if f[j] == 'v' then v = f[j + 1] elseif f[j] == 'd' then d = f[j + 1] end
-    end
-    if v and d and #d > 0 then
-      redis.call('XADD', KEYS[2], '*', 'v', v, 'd', d)
-      redis.call('XDEL', KEYS[1], ARGV[i])
-      n = n + 1
-    end
+for i = 1, #ARGV, 3 do
+  if #redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i]) == 1 then
+    redis.call('XADD', KEYS[2], '*', 'v', ARGV[i + 1], 'd', ARGV[i + 2])
+    redis.call('XDEL', KEYS[1], ARGV[i])
+    n = n + 1
   end
 end
 return n
@@ -91,12 +87,37 @@ def _ids(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]]) -> li
 
 
 def requeue(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]] = None, batch: int = 500) -> int:
-    """Put dead letters back on the agent's task stream (all when `ids` is None); how many went back."""
+    """Put dead letters back on the agent's task stream (all when `ids` is None); how many went back.
+
+    A requeued task starts over: its body goes back with `attempt` 1, so it gets max_attempts
+    attempts again (the letter holds the attempt it died on, which would dead-letter it again at
+    once). A letter whose task cannot be decoded goes back as it is, to end as a dead letter again
+    with the decoding error as its reason."""
     wanted = _ids(r, keys, agent, ids)
     script = r.register_script(REQUEUE)
     done = 0
     for start in range(0, len(wanted), batch):
-        done += int(script(keys=[keys.dead(agent), keys.tasks(agent)], args=wanted[start : start + batch]))
+        chunk = wanted[start : start + batch]
+        pipe = r.pipeline(transaction=False)
+        for entry_id in chunk:
+            pipe.xrange(keys.dead(agent), entry_id, entry_id)
+        args: list = []
+        for entry_id, found in zip(chunk, pipe.execute()):
+            if not found:
+                continue
+            fields = found[0][1]
+            version, body = fields.get(b"v"), fields.get(b"d")
+            if not version or not body:
+                continue
+            try:
+                task = schema.decode_task({b"v": version, b"d": body})
+            except SchemaError:
+                pass
+            else:
+                version, body = schema.entry(msgspec.structs.replace(task, attempt=1)).values()
+            args += [entry_id, version, body]
+        if args:
+            done += int(script(keys=[keys.dead(agent), keys.tasks(agent)], args=args))
     if done:
         r.sadd(keys.agents(), agent)
     return done

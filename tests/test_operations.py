@@ -12,6 +12,7 @@ from farm.cli import main
 from farm.client import FarmClient
 from farm.deadletters import list_dead, purge, requeue, show_dead
 from farm.keys import GROUP
+from farm.schema import decode_task
 
 from conftest import in_process_worker, make_settings
 
@@ -104,3 +105,27 @@ async def test_a_worker_logs_a_summary_line_every_summary_every_s(redis_url, nam
     await client.aclose()
     lines = [r.getMessage() for r in caplog.records if "rollouts/s" in r.getMessage()]
     assert lines and "done 10, failed 0, cancelled 0, dead 0, retried 0, in flight 0" in lines[-1], lines
+
+
+async def test_a_requeued_task_starts_over_with_all_its_attempts(redis_url, namespace):
+    """The letter holds the attempt the task died on; requeued as it was, a task with max_attempts=2
+    ran once more and died again. Requeued, it runs both attempts again: one more retry counted."""
+    settings = make_settings(redis_url, namespace, max_attempts=2, retry_backoff_s=0.01, retry_backoff_max_s=0.02)
+    client = FarmClient(settings)
+    await _dead_letters(settings, 1, client)
+    r = redis.Redis.from_url(redis_url)
+    stats = settings.keys.stats("noop")
+    [letter] = list_dead(r, settings.keys, "noop", max_entry_bytes=settings.max_entry_bytes)
+    assert letter["attempts"] == "2" and int(r.hget(stats, "retried")) == 1
+    assert requeue(r, settings.keys, "noop") == 1
+    [(_, fields)] = r.xrange(settings.keys.tasks("noop"))
+    assert decode_task(fields).attempt == 1
+    async with in_process_worker(settings, concurrency=2):
+        for _ in range(200):
+            if r.xlen(settings.keys.dead("noop")) == 1:
+                break
+            await asyncio.sleep(0.05)
+    [again] = list_dead(r, settings.keys, "noop", max_entry_bytes=settings.max_entry_bytes)
+    assert again["attempts"] == "2" and int(r.hget(stats, "retried")) == 2
+    await client.aclose()
+    r.close()
