@@ -313,6 +313,20 @@ def test_redis_on_a_taken_port_exits_2_in_one_line(holder, tmp_path, redis_url, 
     assert str(port) in line and "in use" in line and "--port" in line, line
 
 
+def test_dashboard_on_a_taken_port_exits_2_in_one_line_and_announces_nothing(tmp_path, redis_url, namespace):
+    """It announced its URL, then printed uvicorn's errno and exited 3 ("Redis unavailable")."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        proc = _exec(["--redis-url", redis_url, "dashboard", "--port", str(port)], {}, redis_url, namespace, tmp_path)
+    line = _the_one_line(proc)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+    assert f"127.0.0.1:{port}" in line and "--port" in line, line
+
+
 UNKNOWN_AGENT = [
     ["data", "prepare", P("rows.jsonl"), "--agent", "no_such_agent", "-o", P("p.jsonl")],
     ["collect", "--input", P("rows.jsonl"), "--output", P("o.jsonl"), "--agent", "no_such_agent"],

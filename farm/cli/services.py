@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import click
@@ -272,8 +273,15 @@ def dashboard(g: Globals, host, port, token_file) -> int:
     # bad URL or an unreadable password file this command's one-line error, not uvicorn's traceback.
     connect_sync(s).close()
     app = create_app(s)
+    # Bind before announcing: a port in use is this command's one-line error (exit 2), not an
+    # announced URL followed by uvicorn's errno and a misleading exit.
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port") from None
+    port = sock.getsockname()[1]
     writes = "enabled (token set)" if s.dashboard_token else "disabled (no dashboard_token)"
     print(f"farm dashboard on http://{host}:{port}/ for Redis {redact(s.redis_url)}, namespace {s.namespace!r}")
     print(f"metrics at http://{host}:{port}/metrics; requeue/purge {writes}", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
     return 0
