@@ -276,7 +276,7 @@ def dashboard(g: Globals, host, port, token_file) -> int:
     # Bind before announcing: a port in use is this command's one-line error (exit 2), not an
     # announced URL followed by uvicorn's errno and a misleading exit.
     try:
-        sock = socket.create_server((host, port))
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port") from None
     port = sock.getsockname()[1]
