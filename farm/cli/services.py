@@ -279,9 +279,9 @@ def dashboard(g: Globals, host, port, token_file) -> int:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port") from None
-    port = sock.getsockname()[1]
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     writes = "enabled (token set)" if s.dashboard_token else "disabled (no dashboard_token)"
-    print(f"farm dashboard on http://{host}:{port}/ for Redis {redact(s.redis_url)}, namespace {s.namespace!r}")
-    print(f"metrics at http://{host}:{port}/metrics; requeue/purge {writes}", flush=True)
+    print(f"farm dashboard on http://{where}/ for Redis {redact(s.redis_url)}, namespace {s.namespace!r}")
+    print(f"metrics at http://{where}/metrics; requeue/purge {writes}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[sock])
     return 0
