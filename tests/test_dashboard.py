@@ -191,3 +191,16 @@ def test_the_redis_client_is_closed_when_the_app_shuts_down(redis_url, namespace
     assert named(observer, lent) == 1, "a client the caller passed in is the caller's to close"
     caller.close()
     observer.close()
+
+
+async def test_an_unknown_agent_is_a_404_that_names_the_known_ones(farm):
+    """/agents/nosuch and /dead/nosuch answered 200 with empty content: a typo looked like an agent
+    with nothing yet."""
+    settings, r, *_ = farm
+    with TestClient(create_app(settings, r)) as web:
+        for path in ("/agents/nosuch", "/dead/nosuch", "/rollouts/nosuch", "/api/history/nosuch", "/dead/nosuch/1-0"):
+            resp = web.get(path)
+            assert resp.status_code == 404, (path, resp.status_code)
+            assert "no agent 'nosuch'" in resp.text and "flaky, idle, noop" in resp.text, (path, resp.text)
+        for path in ("/agents/noop", "/dead/flaky", "/rollouts/noop", "/api/history/idle"):
+            assert web.get(path).status_code == 200, path

@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from farm.connection import connect_sync
+from farm.keys import text
 from farm.settings import Settings
 from farm.transport import errors, redact
 
@@ -42,6 +43,18 @@ class Reader:
     def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         with errors(self.settings.redis_url):
             return fn(self.client, self.settings.keys, *args, **kwargs)
+
+    def agent(self, name: str) -> str:
+        """`name` if the namespace knows that agent (it has had tasks or workers), else a 404 that
+        names the agents it knows: an unknown name is a typo, not an agent with nothing yet."""
+        known = sorted(text(a) for a in self(lambda r, k: r.smembers(k.agents())))
+        if name not in known:
+            raise HTTPException(
+                404,
+                f"no agent {name!r} in namespace {self.settings.namespace!r}; "
+                f"known: {', '.join(known) if known else 'none yet'}",
+            )
+        return name
 
 
 @dataclass(frozen=True)

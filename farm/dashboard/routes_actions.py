@@ -28,6 +28,6 @@ def dead_action(
     if action not in ("requeue", "purge"):
         raise HTTPException(404, f"no action {action!r}")
     chosen = None if every == "yes" else ids
-    n = read(deadletters.requeue if action == "requeue" else deadletters.purge, agent, chosen)
+    n = read(deadletters.requeue if action == "requeue" else deadletters.purge, read.agent(agent), chosen)
     said = f"{'requeued' if action == 'requeue' else 'purged'} {n}"
     return RedirectResponse(f"/dead/{quote(agent)}?done={quote(said)}", status_code=303)

@@ -18,7 +18,7 @@ def overview_api(read: Read) -> JSONResponse:
 
 @router.get("/api/history/{agent}")
 def history_api(agent: str, read: Read, settings: Config, minutes: int = 180) -> JSONResponse:
-    return JSONResponse(read(data.series, agent, max(1, min(minutes, settings.history_ttl_s // 60))))
+    return JSONResponse(read(data.series, read.agent(agent), max(1, min(minutes, settings.history_ttl_s // 60))))
 
 
 @router.get("/healthz")

@@ -29,7 +29,7 @@ def agent_page(
     request: Request, agent: str, read: Read, page: Page, settings: Config, minutes: int = 180
 ) -> HTMLResponse:
     minutes = max(5, min(minutes, settings.history_ttl_s // 60))
-    pts = read(data.series, agent, minutes)["points"]
+    pts = read(data.series, read.agent(agent), minutes)["points"]
     mins = [p["minute"] for p in pts]
     kinds = sorted({k for p in pts for k in p["failures_by_kind"]})
     charts = [
@@ -53,13 +53,13 @@ def workers_page(request: Request, read: Read, page: Page) -> HTMLResponse:
 
 @router.get("/rollouts/{agent}")
 def rollouts_page(request: Request, agent: str, read: Read, page: Page, settings: Config) -> HTMLResponse:
-    found = read(data.rollouts, agent, max_entry_bytes=settings.max_entry_bytes)
+    found = read(data.rollouts, read.agent(agent), max_entry_bytes=settings.max_entry_bytes)
     return page(request, "rollouts.html", agent=agent, rollouts=found)
 
 
 @router.get("/rollouts/{agent}/{entry_id}")
 def rollout_page(request: Request, agent: str, entry_id: str, read: Read, page: Page, settings: Config) -> HTMLResponse:
-    found = read(data.rollout, agent, entry_id, max_entry_bytes=settings.max_entry_bytes)
+    found = read(data.rollout, read.agent(agent), entry_id, max_entry_bytes=settings.max_entry_bytes)
     if found is None:
         raise HTTPException(404, f"no sampled rollout {entry_id} for {agent}")
     return page(request, "rollout.html", agent=agent, r=found)
@@ -67,7 +67,7 @@ def rollout_page(request: Request, agent: str, entry_id: str, read: Read, page: 
 
 @router.get("/dead/{agent}")
 def dead_page(request: Request, agent: str, read: Read, page: Page, settings: Config, done: str = "") -> HTMLResponse:
-    letters = read(deadletters.list_dead, agent, 100, max_entry_bytes=settings.max_entry_bytes)
+    letters = read(deadletters.list_dead, read.agent(agent), 100, max_entry_bytes=settings.max_entry_bytes)
     total = read(deadletters.count_dead, agent)
     dropped = int(read(lambda r, k: r.hget(k.stats(agent), "dead_dropped")) or 0)
     return page(request, "dead.html", agent=agent, letters=letters, total=total, dropped=dropped, done=done)
@@ -75,7 +75,7 @@ def dead_page(request: Request, agent: str, read: Read, page: Page, settings: Co
 
 @router.get("/dead/{agent}/{letter_id}")
 def letter_page(request: Request, agent: str, letter_id: str, read: Read, page: Page, settings: Config) -> HTMLResponse:
-    letter = read(deadletters.show_dead, agent, letter_id, max_entry_bytes=settings.max_entry_bytes)
+    letter = read(deadletters.show_dead, read.agent(agent), letter_id, max_entry_bytes=settings.max_entry_bytes)
     if letter is None:
         raise HTTPException(404, f"no dead letter {letter_id} for {agent}")
     task = json.dumps(letter.get("task"), indent=2, default=str)
