@@ -53,7 +53,7 @@ async def test_dead_letters_list_show_requeue_and_purge(redis_url, namespace):
     r.close()
 
 
-async def test_farm_dead_commands(redis_url, namespace, capsys):
+async def test_farm_dead_commands(redis_url, namespace, capsys, monkeypatch):
     settings = make_settings(redis_url, namespace, max_attempts=1)
     client = FarmClient(settings)
     await _dead_letters(settings, 3, client)
@@ -65,6 +65,13 @@ async def test_farm_dead_commands(redis_url, namespace, capsys):
     assert main([*base, "list", "--agent", "noop"]) == 0
     out = capsys.readouterr().out
     assert "3 dead letter(s) for 'noop'" in out and "agent_error" in out and max(map(len, out.splitlines())) <= 80
+    assert lines[0]["at_iso"][:19].replace("T", " ") in out  # the when its help promises...
+    assert lines[0]["reason"] in " ".join(out.split()), out  # ...and the whole reason, on its own lines
+    monkeypatch.setenv("COLUMNS", "160")  # a wide terminal: the table uses it, nothing is cut
+    assert main([*base, "list", "--agent", "noop"]) == 0
+    wide = capsys.readouterr().out
+    assert 80 < max(map(len, wide.splitlines())) <= 160, wide
+    assert lines[0]["reason"] in wide and lines[0]["task_id"] in wide, wide
     assert main([*base, "show", "--agent", "noop", lines[0]["id"]]) == 0
     assert json.loads(capsys.readouterr().out)["id"] == lines[0]["id"]
     assert main([*base, "requeue", "--agent", "noop", lines[0]["id"]]) == 0

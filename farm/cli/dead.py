@@ -68,7 +68,9 @@ AGENT = click.option("--agent", required=True, help="the agent whose dead letter
 def dead_list(g: Globals, agent, count, as_json) -> int:
     """The newest dead letters: when, kind, attempts, task id and reason."""
     from rich.console import Console
+    from rich.padding import Padding
     from rich.table import Table
+    from rich.text import Text
 
     from farm.deadletters import count_dead, list_dead
     from farm.transport import errors
@@ -81,17 +83,23 @@ def dead_list(g: Globals, agent, count, as_json) -> int:
         for letter in letters:
             print(json.dumps(letter))
         return 0
-    console = Console(width=min(80, Console().width))
+    console = Console()  # the terminal's width (COLUMNS where set; 80 in a pipe)
     console.print(_where(s), highlight=False, soft_wrap=True)
     console.print(f"{total:,} dead letter(s) for {agent!r}, newest first", highlight=False)
+    if console.width < 120:  # each letter on two lines: what and when, then the whole reason
+        for letter in letters:
+            when = letter["at_iso"][:19].replace("T", " ")
+            head = f"{letter['id']}  {when}  {letter['kind']}  tries {letter['attempts']}  task {letter['task_id']}"
+            console.print(head, highlight=False, markup=False, overflow="ellipsis", no_wrap=True)
+            console.print(Padding(Text(letter["reason"]), (0, 0, 0, 4)))
+        return 0
     t = Table(pad_edge=False, box=None)
-    t.add_column("id", no_wrap=True, min_width=15)
-    t.add_column("kind", no_wrap=True, min_width=11)
-    t.add_column("tries", justify="right", no_wrap=True)
-    t.add_column("task", no_wrap=True, min_width=12)
-    t.add_column("reason", no_wrap=True, overflow="ellipsis", ratio=1)
+    for name in ("id", "when (UTC)", "kind", "tries", "task"):
+        t.add_column(name, no_wrap=True, justify="right" if name == "tries" else "left")
+    t.add_column("reason", overflow="fold", ratio=1)
     for letter in letters:
-        t.add_row(letter["id"], letter["kind"], letter["attempts"], letter["task_id"][:12], letter["reason"][:60])
+        when = letter["at_iso"][:19].replace("T", " ")
+        t.add_row(letter["id"], when, letter["kind"], letter["attempts"], letter["task_id"], letter["reason"])
     console.print(t)
     return 0
 
