@@ -130,7 +130,7 @@ def summary(bucket: dict[str, float], minutes: float) -> dict[str, Any]:
     return {
         "done_per_min": done / minutes if minutes else 0.0,
         "failed_per_min": failed / minutes if minutes else 0.0,
-        "failure_rate": failed / ended if ended else 0.0,
+        "failure_rate": failed / ended if ended else None,  # no rollout ended: no rate, not 0%
         "failures_by_kind": dict(sorted(kinds.items())),
         "mean_reward": bucket.get("reward_sum", 0.0) / reward_n if reward_n else None,
         "pass_rate": bucket.get("passed", 0.0) / reward_n if reward_n else None,

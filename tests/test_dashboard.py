@@ -85,6 +85,7 @@ async def test_every_overview_number_matches_the_rollouts(farm):
     assert fl["mean_reward"] is None and fl["pass_rate"] is None
     idle = view["agents"]["idle"]
     assert (idle["queued"], idle["in_flight"], idle["live_workers"], idle["done_per_min"]) == (6, 0, 0, 0.0)
+    assert idle["failure_rate"] is None, "no rollout ended: no failure rate (it said 0.0%)"
     assert live["agents"]["noop"]["live_workers"] == 1 and live["agents"]["flaky"]["live_workers"] == 1
     assert view["workers"] == [], "the heartbeats left with the workers"
 
@@ -97,6 +98,8 @@ async def test_pages_api_and_metrics(farm):
         home = web.get("/")
         assert home.status_code == 200 and "default-src 'self'" in home.headers["content-security-policy"]
         assert 'data-agent="noop"' in home.text and "script-src 'self'" in home.headers["content-security-policy"]
+        idle_row = home.text.split('data-agent="idle"')[1].split("</tr>")[0]
+        assert '<td data-k="failure_rate">-</td>' in idle_row, idle_row
         assert web.get("/agents/noop").text.count("<svg") == 5
         assert web.get("/workers").status_code == 200
         hist = web.get("/api/history/noop?minutes=5").json()["points"]
