@@ -148,6 +148,8 @@ async def test_write_actions_need_the_token_and_the_form_of_this_dashboard(farm)
         detail = web.get(f"/dead/flaky/{letter}")
         assert detail.status_code == 200 and "agent_error" in detail.text and "noop told to fail" in detail.text
         assert "&#34;fail&#34;: &#34;always&#34;" in detail.text, "the task, as escaped JSON"
+        assert 'id="requeue-one"' in detail.text and 'id="purge-one"' in detail.text, "a letter's own actions"
+        assert all(t.task_id in page.text for t in flaky), "whole task ids in the list"
         assert r.xlen(settings.keys.dead("flaky")) == 4
         ok = web.post(
             "/dead/flaky/requeue", data={"csrf": csrf, "token": "s3cret", "ids": letter}, follow_redirects=False
@@ -160,7 +162,9 @@ async def test_write_actions_need_the_token_and_the_form_of_this_dashboard(farm)
         assert "purged 3" in purged.text and r.xlen(settings.keys.dead("flaky")) == 0
 
     with TestClient(create_app(make_settings(settings.redis_url, settings.namespace), r)) as closed:
-        closed.get("/dead/flaky")
+        shown = closed.get("/dead/flaky").text
+        assert "<form" not in shown and 'name="token"' not in shown, "no controls that cannot work"
+        assert "Requeue and purge are disabled" in shown
         resp = closed.post(
             "/dead/flaky/purge", data={"csrf": closed.cookies.get(CSRF_COOKIE), "token": "", "all": "yes"}
         )
