@@ -211,3 +211,22 @@ async def test_an_unknown_agent_is_a_404_that_names_the_known_ones(farm):
             assert "no agent 'nosuch'" in resp.text and "flaky, idle, noop" in resp.text, (path, resp.text)
         for path in ("/agents/noop", "/dead/flaky", "/rollouts/noop", "/api/history/idle"):
             assert web.get(path).status_code == 200, path
+
+
+async def test_people_get_pages_and_machines_get_json_for_errors(farm):
+    """A 404, a bad `?minutes=abc` and a refused write answered raw JSON to a browser."""
+    settings, r, *_ = farm
+    html = {"accept": "text/html,application/xhtml+xml"}
+    with TestClient(create_app(settings, r)) as web:
+        missing = web.get("/agents/nosuch", headers=html)
+        assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
+        assert "Not Found" in missing.text and "no agent &#39;nosuch&#39;" in missing.text
+        bad = web.get("/agents/noop?minutes=abc", headers=html)
+        assert bad.status_code == 400 and bad.headers["content-type"].startswith("text/html") and "minutes" in bad.text
+        web.get("/dead/flaky", headers=html)
+        form = {"csrf": web.cookies.get(CSRF_COOKIE), "token": "wrong", "ids": "1-0"}
+        refused = web.post("/dead/flaky/requeue", data=form, headers=html)
+        assert refused.status_code == 403 and "wrong dashboard token" in refused.text and "<h1>" in refused.text
+        api = web.get("/api/history/noop?minutes=abc", headers=html)
+        assert api.status_code == 400 and api.json()["detail"].startswith("bad request: minutes")
+        assert web.get("/agents/nosuch").json()["detail"].startswith("no agent 'nosuch'")

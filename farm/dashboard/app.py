@@ -9,19 +9,23 @@ this server only), so model output, tool results and reasons show as text, never
 
 This module only assembles the app: the lifespan and the dependencies are in
 farm.dashboard.deps, the routes in one router per concern (routes_pages, routes_api,
-routes_actions, and metrics for /metrics); here are the headers every response carries and
-the one-line 503 an unreachable Redis becomes.
+routes_actions, and metrics for /metrics); here are the headers every response carries,
+the one-line 503 an unreachable Redis becomes, and errors answered as pages to a browser and as
+JSON to everything else.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from http import HTTPStatus
 from typing import Awaitable, Callable, Optional
 
 import redis
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import PlainTextResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from farm.dashboard import metrics, routes_actions, routes_api, routes_pages
 from farm.dashboard.deps import CSRF_COOKIE, HERE, lifespan
@@ -48,6 +52,34 @@ async def redis_down(request: Request, exc: Exception) -> PlainTextResponse:
     return PlainTextResponse(f"farm dashboard: {exc}", status_code=503)
 
 
+def _for_a_person(request: Request) -> bool:
+    """A browser asking for a page (not the JSON API, /metrics or a script): it gets a page back."""
+    path = request.url.path
+    machine = path.startswith(("/api/", "/metrics", "/healthz", "/static/"))
+    return not machine and "text/html" in request.headers.get("accept", "")
+
+
+def _answer(request: Request, status: int, detail: str, headers: Optional[dict] = None) -> Response:
+    if _for_a_person(request):
+        page = request.state.pages
+        resp = page(request, "error.html", status=status, phrase=HTTPStatus(status).phrase, detail=detail)
+        resp.status_code = status
+        return resp
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    return _answer(request, exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+
+
+async def bad_request(request: Request, exc: Exception) -> Response:
+    """A query or form value of the wrong type (`?minutes=abc`): 400, naming the field."""
+    assert isinstance(exc, RequestValidationError)
+    said = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ())[1:])}: {e.get('msg', '')}" for e in exc.errors())
+    return _answer(request, 400, f"bad request: {said}")
+
+
 def create_app(settings: Settings, r: Optional[redis.Redis] = None) -> FastAPI:
     """The dashboard over `settings`' Redis and namespace (`r`: a client to use, and leave open, instead of its own).
 
@@ -58,6 +90,8 @@ def create_app(settings: Settings, r: Optional[redis.Redis] = None) -> FastAPI:
     )
     app.middleware("http")(security_headers)
     app.add_exception_handler(TransportError, redis_down)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, bad_request)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     for router in (routes_pages.router, routes_api.router, routes_actions.router, metrics.router):
         app.include_router(router)
