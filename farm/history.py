@@ -10,13 +10,15 @@ work per task, and a task settled elsewhere is not counted twice. What a bucket 
   fail:<kind>           failures by ErrorKind
   reward_sum, reward_n  the sum and count of rewards (rollouts that have one)
   passed                rollouts whose reward reached `pass_threshold`
-  lat:<i>, lat_sum      rollout latency (pickup to finish) in the bins of LATENCY_EDGES_S
+  lt:<i>, lat_sum       rollout latency (pickup to finish) in the bins of LATENCY_EDGES_S
   tokens                completion tokens, for tokens per second
   depth                 the task stream's length (waiting and in flight) when the minute's counts were last written
 
 Reading the last hours costs one HGETALL per agent and minute, whatever the number of tasks.
-Percentiles come from the bins: the upper edge of the bin where the cumulative count crosses
-the quantile (the last bin reads as its lower edge), exact to the bin.
+Percentiles are estimates from the bins, as Prometheus' histogram_quantile makes them: the bin
+where the cumulative count crosses the quantile, interpolated within it (geometrically: the bins
+grow by 2^(1/3), 26% each, from 1 ms to 2.3 h, so an estimate is within a bin's width of the
+truth and usually much closer). Latencies past the last edge read as that edge.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from typing import Any, Iterable, Optional
 
 from farm.schema import Rollout
 
-LATENCY_EDGES_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0, 600.0)
+# Bin edges from 1 ms to 2.3 h, each 2^(1/3) of the one before. The fields are `lt:<i>` (buckets
+# written with the coarser bins of earlier versions, `lat:<i>`, are not read as these).
+LATENCY_EDGES_S = tuple(round(0.001 * 2 ** (k / 3), 6) for k in range(70))
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Recording:
         return cls(s.history, s.history_ttl_s, s.pass_threshold, s.sample_every, s.sample_keep, s.dead_maxlen)
 
 
-LATENCY_FIELDS = tuple(f"lat:{i}" for i in range(len(LATENCY_EDGES_S) + 1))
+LATENCY_FIELDS = tuple(f"lt:{i}" for i in range(len(LATENCY_EDGES_S) + 1))
 
 
 def minute(now: Optional[float] = None) -> int:
@@ -108,16 +112,24 @@ def merge(buckets: Iterable[dict[str, float]]) -> dict[str, float]:
 
 
 def quantile(bucket: dict[str, float], q: float) -> Optional[float]:
-    """The q-quantile of the latencies a bucket counts, to its bin's edge; None when it counts none."""
-    counts = [bucket.get(f"lat:{i}", 0.0) for i in range(len(LATENCY_EDGES_S) + 1)]
+    """The estimated q-quantile of the latencies a bucket counts (see the module docstring); None
+    when it counts none."""
+    counts = [bucket.get(field, 0.0) for field in LATENCY_FIELDS]
     n = sum(counts)
     if n <= 0:
         return None
     rank, seen = q * n, 0.0
     for i, c in enumerate(counts):
+        if c and seen + c >= rank:
+            if i == len(LATENCY_EDGES_S):
+                return LATENCY_EDGES_S[-1]
+            upper = LATENCY_EDGES_S[i]
+            share = min(1.0, max(0.0, (rank - seen) / c))
+            if i == 0:
+                return upper * share
+            lower = LATENCY_EDGES_S[i - 1]
+            return round(lower * (upper / lower) ** share, 6)
         seen += c
-        if c and seen >= rank:
-            return LATENCY_EDGES_S[i] if i < len(LATENCY_EDGES_S) else LATENCY_EDGES_S[-1]
     return LATENCY_EDGES_S[-1]
 
 

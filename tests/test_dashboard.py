@@ -26,11 +26,12 @@ from conftest import in_process_worker, make_settings, wait_for
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 
 
-def percentile_edge(latencies: list[float], q: float) -> float:
-    """The bin edge of the q-quantile latency, computed from the sorted values themselves."""
+def within_the_bin_of(latencies: list[float], q: float, estimate: float) -> bool:
+    """Whether an estimated q-quantile lies in the bin of the true one (the sorted values' own)."""
     ordered = sorted(latencies)
-    value = ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-    return LATENCY_EDGES_S[min(latency_bin(value), len(LATENCY_EDGES_S) - 1)]
+    i = latency_bin(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
+    lower = LATENCY_EDGES_S[i - 1] if i > 0 else 0.0
+    return lower <= estimate <= LATENCY_EDGES_S[min(i, len(LATENCY_EDGES_S) - 1)]
 
 
 @pytest.fixture
@@ -73,8 +74,8 @@ async def test_every_overview_number_matches_the_rollouts(farm):
     assert noop["mean_reward"] == pytest.approx(sum(rewarded) / len(rewarded))
     assert noop["pass_rate"] == pytest.approx(sum(x >= 1.0 for x in rewarded) / len(rewarded))
     latencies = [x.timings.total_s for x in mine]
-    assert noop["latency_p50_s"] == percentile_edge(latencies, 0.5)
-    assert noop["latency_p99_s"] == percentile_edge(latencies, 0.99)
+    assert within_the_bin_of(latencies, 0.5, noop["latency_p50_s"]), (sorted(latencies), noop["latency_p50_s"])
+    assert within_the_bin_of(latencies, 0.99, noop["latency_p99_s"]), (sorted(latencies), noop["latency_p99_s"])
     assert noop["latency_p99_s"] >= 0.25, "the 0.3 s rollouts are in the tail"
     assert noop["tokens_per_s"] == pytest.approx(10 * 20 / (span * 60))
     assert (noop["queued"], noop["in_flight"], noop["delayed"], noop["dead"]) == (0, 0, 0, 0)

@@ -39,7 +39,9 @@ def agent_page(
             "reward", mins, {"mean": [p["mean_reward"] for p in pts], "pass rate": [p["pass_rate"] for p in pts]}
         ),
         line_chart(
-            "latency (s)", mins, {"p50": [p["latency_p50_s"] for p in pts], "p99": [p["latency_p99_s"] for p in pts]}
+            "latency (s, estimated from bins)",
+            mins,
+            {"p50": [p["latency_p50_s"] for p in pts], "p99": [p["latency_p99_s"] for p in pts]},
         ),
         line_chart("queue depth", mins, {"tasks": [p["depth"] for p in pts]}),
     ]
