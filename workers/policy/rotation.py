@@ -305,9 +305,7 @@ class Rotation:
         """A connection to the replica could not be made: nothing listens there. Out of rotation at
         once where probes can bring it back (its groups go elsewhere at their next placement), else
         an ordinary failure."""
-        replica.errors += 1
-        replica.last_error = reason
-        replica.failed_at = time.monotonic()
+        self.failed(replica, reason)
         if self.probes and replica.healthy:
             self.take_out(replica, f"connection refused: {reason}")
 
