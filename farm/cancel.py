@@ -49,6 +49,7 @@ class CancelReport:
     run_id: Optional[str] = None
     open_count: int = 0
     run_known: bool = True
+    drained: int = 0  # of open_count, tasks still queued, answered `cancelled` at once (farm.fairness)
 
     def line(self) -> str:
         """One line for a person."""

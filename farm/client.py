@@ -25,11 +25,11 @@ from typing import Any, AsyncIterator, Callable, Iterable, Optional
 
 import redis.asyncio as aioredis
 
-from farm import cancel, schema
+from farm import cancel, fairness, schema
 from farm.cancel import CancelReport
 from farm.connection import connect
 from farm.errors import ConfigError, SchemaError
-from farm.keys import Keys, check_name
+from farm.keys import GROUP, Keys, check_name, text
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings
 from farm.state import live_workers_async
@@ -167,22 +167,26 @@ class FarmClient:
     def task(self, *, run_id: str, agent: str, row: dict, **kw) -> Task:
         return Task.new(run_id=run_id, agent=agent, row=row, reply_to=self.results_stream(run_id), **kw)
 
-    async def submit(self, tasks: Iterable[Task]) -> list[str]:
-        """XADD tasks to their agents' streams in pipelined chunks; returns their task ids."""
+    async def submit(self, tasks: Iterable[Task], *, share: float = 1.0, max_in_flight: int = 0) -> list[str]:
+        """Queue tasks for their agents in pipelined chunks; returns their task ids. While several runs
+        have tasks queued for an agent, its workers' slots are shared between them in proportion to
+        their `share`; `max_in_flight` (0: none) caps a run's tasks in flight per agent (farm.fairness).
+        The last submit's share and cap hold for the run."""
+        share, cap = fairness.check_share(share), fairness.check_cap(max_in_flight)
         ids: list[str] = []
         batch: list[Task] = []
         for task in tasks:
             batch.append(task)
             if len(batch) >= self.chunk:
-                ids += await self._submit_chunk(batch)
+                ids += await self._submit_chunk(batch, share, cap)
                 batch = []
         if batch:
-            ids += await self._submit_chunk(batch)
+            ids += await self._submit_chunk(batch, share, cap)
         return ids
 
-    def _entries(self, tasks: list[Task]) -> dict[str, list[dict]]:
-        """The entries to add per stream; refuses (before anything is written) a task no worker could settle."""
-        by_stream: dict[str, list[dict]] = defaultdict(list)
+    def _entries(self, tasks: list[Task]) -> dict[tuple[str, str], list[bytes]]:
+        """The queue items per (agent, run); refuses (before anything is written) a task no worker could settle."""
+        by_queue: dict[tuple[str, str], list[bytes]] = defaultdict(list)
         for t in tasks:
             if not self.keys.is_result_stream(t.reply_to):
                 raise ConfigError(
@@ -196,11 +200,12 @@ class FarmClient:
                     f"task {t.task_id} is {len(fields[b'd']):,} bytes encoded, over "
                     f"max_entry_bytes={self.settings.max_entry_bytes:,}: shorten its row"
                 )
-            by_stream[self.keys.tasks(t.agent_ref.name)].append(fields)
-        return by_stream
+            self.keys.queue(t.agent_ref.name, t.run_id)  # checks both names
+            by_queue[(t.agent_ref.name, t.run_id)].append(fairness.item(fields))
+        return by_queue
 
-    async def _submit_chunk(self, tasks: list[Task]) -> list[str]:
-        by_stream = self._entries(tasks)
+    async def _submit_chunk(self, tasks: list[Task], share: float, cap: int) -> list[str]:
+        by_queue = self._entries(tasks)
         agents = {t.agent_ref.name for t in tasks}
 
         runs = Counter(t.run_id for t in tasks)
@@ -217,9 +222,10 @@ class FarmClient:
             pipe.zremrangebyscore(self.keys.open_tasks(), "-inf", now - cancel.OPEN_MAX_AGE_S)
             for run, n in runs.items():
                 pipe.hincrby(self.keys.open_runs(), run, n)
-            for stream, entries in by_stream.items():
-                for fields in entries:
-                    pipe.xadd(stream, fields)
+            for (agent, run), items in by_queue.items():
+                fairness.enqueue(pipe, self.keys, agent, run, items, share, cap)
+            for agent in agents:
+                fairness.wake(pipe, self.keys, agent, GROUP)
             await pipe.execute()
 
         # A lost reply may mean the chunk went in: consumers deduplicate by task_id.
@@ -326,8 +332,19 @@ class FarmClient:
             lambda: cancel.send_run(self.r, self.keys, run_id, self.settings.cancel_ttl_s), "sending a run's cancel"
         )
         report = CancelReport(run_id=run_id, open_count=count or 0, run_known=count is not None)
+        if count:
+            report.drained = await self.outage.call(lambda: self._drain(run_id), "cancelling a run's queued tasks")
         log.debug("cancel: %s", report.line())
         return report
+
+    async def _drain(self, run_id: str) -> int:
+        """Answer the run's queued tasks on every agent with `cancelled` rollouts at once (farm.fairness)."""
+        agents = sorted(text(a) for a in await self.r.smembers(self.keys.agents()))
+        pipe = self.r.pipeline(transaction=False)
+        for agent in agents:
+            pipe.exists(self.keys.queue(agent, run_id))
+        queued = [a for a, n in zip(agents, await pipe.execute()) if n]
+        return sum([await fairness.drain(self.r, self.keys, a, run_id, "cancelled while queued") for a in queued])
 
     async def live_agents(self) -> set[str]:
         """Agents with at least one live worker (their heartbeats have not expired)."""

@@ -14,6 +14,10 @@
 {ns}:open               zset of open task ids, scored by submit time (written at submit, removed at settle)
 {ns}:open_runs          hash of open tasks per run id (likewise)
 {ns}:agents             set of agent names that ever had tasks
+{ns}:queue:{agent}:{run} list of one run's tasks queued for an agent, first in first out (farm.fairness)
+{ns}:fair:{agent}       zset of the runs with queued tasks, scored by which is served next (farm.fairness)
+{ns}:runs:{agent}       hash of the agent's runs: share:R, cap:R, flight:R, queued (farm.fairness)
+{ns}:backlog:{agent}    list holding one byte per queued task, a length KEDA's list scaler reads
 {ns}:worker:{id}        heartbeat of a live worker (JSON, expires)
 """
 
@@ -95,6 +99,25 @@ class Keys:
     def open_runs(self) -> str:
         """How many tasks of each run are submitted and not yet settled."""
         return f"{self.ns}:open_runs"
+
+    def queue(self, agent: str, run_id: str) -> str:
+        """One run's tasks queued for an agent, in submit order (farm.fairness)."""
+        return self.queue_prefix(agent) + check_name(run_id, "run id")
+
+    def queue_prefix(self, agent: str) -> str:
+        return f"{self.ns}:queue:{check_name(agent, 'agent name')}:"
+
+    def fair(self, agent: str) -> str:
+        """The runs with tasks queued for an agent, scored by which one is served next (farm.fairness)."""
+        return f"{self.ns}:fair:{check_name(agent, 'agent name')}"
+
+    def runs(self, agent: str) -> str:
+        """Each run's share, cap and tasks in flight on an agent, and the agent's queued total (farm.fairness)."""
+        return f"{self.ns}:runs:{check_name(agent, 'agent name')}"
+
+    def backlog(self, agent: str) -> str:
+        """A list as long as the agent's queued tasks (one byte each), for KEDA's Redis list scaler."""
+        return f"{self.ns}:backlog:{check_name(agent, 'agent name')}"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.ns}:worker:{worker_id}"

@@ -19,30 +19,60 @@ from typing import Any, Literal, Optional
 
 import msgspec
 
+# Shared by the scripts that move a run's in-flight count (farm.fairness). A run with tasks queued
+# for an agent sits in the agent's fair zset scored (flight + 1) / share, so the lowest score is
+# served next (slots are shared in proportion to shares, D'Hondt's rule); a run at its cap scores
+# inf and is skipped until a settle frees one of its slots. `unflight` takes one task of `run`
+# out of flight; a run with nothing queued and nothing in flight is forgotten.
+FAIR_FUNCTIONS = """
+local function score(runs, run, flight)
+  local share = tonumber(redis.call('HGET', runs, 'share:' .. run)) or 1
+  local cap = tonumber(redis.call('HGET', runs, 'cap:' .. run)) or 0
+  if cap > 0 and flight >= cap then return 'inf' end
+  return (flight + 1) / share
+end
+local function unflight(fair, runs, run)
+  if run == '' then return end
+  local f = redis.call('HINCRBY', runs, 'flight:' .. run, -1)
+  if f <= 0 then
+    redis.call('HDEL', runs, 'flight:' .. run)
+    f = 0
+  end
+  if redis.call('ZSCORE', fair, run) then
+    redis.call('ZADD', fair, score(runs, run, f), run)
+  elseif f == 0 then
+    redis.call('HDEL', runs, 'share:' .. run, 'cap:' .. run)
+  end
+end
+"""
+
 # Settle one task: write what it produced, then acknowledge it, in one script, so a task is
 # never acknowledged unless its rollout (or dead letter) was written.
-# KEYS: tasks stream, stats hash, open-tasks zset, open-runs hash (farm.cancel), then one stream
-# per appended entry.
+# KEYS: tasks stream, stats hash, open-tasks zset, open-runs hash (farm.cancel), the agent's fair
+# zset and runs hash (farm.fairness), then one stream per appended entry.
 # ARGV: group, entry id, stats field, result-stream prefix, index in KEYS of the reply stream
-# (0: none), task id and run id ('': unknown; the task is no longer open once settled), then
-# for each appended stream: n, maxlen (0: uncapped), the stats field that counts trimmed entries
-# ('': not counted), field1, value1, ... (n pairs).
+# (0: none), task id and run id ('': unknown; the task is no longer open once settled), the run
+# whose in-flight count the entry holds (its `r` field, set by FEED; '': none), then for each
+# appended stream: n, maxlen (0: uncapped), the stats field that counts trimmed entries ('': not
+# counted), field1, value1, ... (n pairs).
 # Returns 1 settled; 0 already settled (not pending: a replay, or another worker's reclaim);
 # -1 the reply stream is outside the namespace's result streams; -2 an appended key holds a
 # value that is not a stream. On -1/-2 nothing is written or acknowledged.
-SETTLE = """
+SETTLE = (
+    FAIR_FUNCTIONS
+    + """
 if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
 local reply = tonumber(ARGV[5])
 if reply > 0 then
   local key, prefix = KEYS[reply], ARGV[4]
   if #key <= #prefix or string.sub(key, 1, #prefix) ~= prefix then return -1 end
 end
-for k = 5, #KEYS do
+for k = 7, #KEYS do
   local t = redis.call('TYPE', KEYS[k])['ok']
   if t ~= 'none' and t ~= 'stream' then return -2 end
 end
-local a = 8
-for k = 5, #KEYS do
+local a = 9
+for k = 7, #KEYS do
   local n, maxlen, dropstat = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
   a = a + 3
   local fields = {}
@@ -61,8 +91,10 @@ if ARGV[6] ~= '' and redis.call('TYPE', KEYS[3])['ok'] == 'zset' then redis.call
 if ARGV[7] ~= '' and redis.call('TYPE', KEYS[4])['ok'] == 'hash' then
   if redis.call('HINCRBY', KEYS[4], ARGV[7], -1) <= 0 then redis.call('HDEL', KEYS[4], ARGV[7]) end
 end
+unflight(KEYS[5], KEYS[6], ARGV[8])
 return 1
 """
+)
 
 # Add a batch of settled rollouts to a minute's history bucket (farm.history), note the task
 # stream's length there, and keep the bucket for ARGV[1] seconds. KEYS: bucket hash, tasks
@@ -84,27 +116,167 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 1
 """
 
-# KEYS: tasks stream, delayed zset, stats hash. ARGV: group, entry id, due time, task body.
-# The retry is written before the task is acknowledged, as in SETTLE.
-RETRY = """
+# KEYS: tasks stream, delayed zset, stats hash, fair zset, runs hash. ARGV: group, entry id, due
+# time, task body, the run whose in-flight count the entry holds ('': none). The retry is written
+# before the task is acknowledged, as in SETTLE. A retry waiting out its backoff is not in flight:
+# its member in the delayed set is `r:RUN\nBODY`, so PROMOTE counts it again for its run.
+RETRY = (
+    FAIR_FUNCTIONS
+    + """
 if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
-local ok = redis.pcall('ZADD', KEYS[2], ARGV[3], ARGV[4])
+local member = ARGV[4]
+if ARGV[5] ~= '' then member = 'r:' .. ARGV[5] .. '\\n' .. ARGV[4] end
+local ok = redis.pcall('ZADD', KEYS[2], ARGV[3], member)
 if type(ok) == 'table' and ok['err'] then return ok end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'retried', 1)
+unflight(KEYS[4], KEYS[5], ARGV[5])
 return 1
 """
+)
 
-# KEYS: delayed zset, tasks stream. ARGV: now, limit, schema version.
-PROMOTE = """
+# KEYS: delayed zset, tasks stream, fair zset, runs hash. ARGV: now, limit, schema version.
+# A member `r:RUN\nBODY` (RETRY) goes back with its run and counts in flight again.
+PROMOTE = (
+    FAIR_FUNCTIONS
+    + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for _, body in ipairs(due) do
-  redis.call('XADD', KEYS[2], '*', 'v', ARGV[3], 'd', body)
-  redis.call('ZREM', KEYS[1], body)
+for _, member in ipairs(due) do
+  local nl = string.find(member, '\\n', 1, true)
+  if string.sub(member, 1, 2) == 'r:' and nl then
+    local run = string.sub(member, 3, nl - 1)
+    redis.call('XADD', KEYS[2], '*', 'v', ARGV[3], 'd', string.sub(member, nl + 1), 'r', run)
+    local flight = redis.call('HINCRBY', KEYS[4], 'flight:' .. run, 1)
+    if redis.call('ZSCORE', KEYS[3], run) then redis.call('ZADD', KEYS[3], score(KEYS[4], run, flight), run) end
+  else
+    redis.call('XADD', KEYS[2], '*', 'v', ARGV[3], 'd', member)
+  end
+  redis.call('ZREM', KEYS[1], member)
 end
 return #due
 """
+)
+
+# Queue a chunk of one run's tasks for an agent (farm.fairness). KEYS: fair zset, runs hash, the
+# run's queue, the agent's backlog list. ARGV: run, share, cap (0: none), then the tasks, each
+# `VERSION|BODY`. Returns how many were queued.
+ENQUEUE = (
+    FAIR_FUNCTIONS
+    + """
+local run, n = ARGV[1], #ARGV - 3
+for i = 4, #ARGV, 1000 do redis.call('RPUSH', KEYS[3], unpack(ARGV, i, math.min(i + 999, #ARGV))) end
+local ones = {}
+for i = 1, math.min(n, 1000) do ones[i] = '1' end
+for i = 1, n, 1000 do redis.call('RPUSH', KEYS[4], unpack(ones, 1, math.min(1000, n - i + 1))) end
+redis.call('HSET', KEYS[2], 'share:' .. run, ARGV[2])
+if tonumber(ARGV[3]) > 0 then redis.call('HSET', KEYS[2], 'cap:' .. run, ARGV[3])
+else redis.call('HDEL', KEYS[2], 'cap:' .. run) end
+redis.call('HINCRBY', KEYS[2], 'queued', n)
+local flight = tonumber(redis.call('HGET', KEYS[2], 'flight:' .. run)) or 0
+redis.call('ZADD', KEYS[1], score(KEYS[2], run, flight), run)
+return n
+"""
+)
+
+# Move queued tasks into the agent's stream, the next run's first, until the stream holds n
+# tasks no worker has read (its length less the group's pending entries). A run takes tasks while
+# its score stays at or below the next run's, so one run alone moves in one LPOP. Each entry
+# carries its run (`r`), whose in-flight count grows by what moved. KEYS: fair zset, runs hash,
+# tasks stream, backlog list. ARGV: group, n, the agent's queue-key prefix. Returns how many moved.
+FEED = (
+    FAIR_FUNCTIONS
+    + """
+local fair, runs, stream = KEYS[1], KEYS[2], KEYS[3]
+local want = tonumber(ARGV[2])
+local len = redis.call('XLEN', stream)
+if len > 0 then
+  local p = redis.pcall('XPENDING', stream, ARGV[1])
+  if type(p) == 'table' and p['err'] == nil then len = len - tonumber(p[1]) end
+end
+want = want - len
+local moved = 0
+while moved < want do
+  local head = redis.call('ZRANGE', fair, 0, 1, 'WITHSCORES')
+  if #head == 0 or head[2] == 'inf' then break end
+  local run = head[1]
+  local flight = tonumber(redis.call('HGET', runs, 'flight:' .. run)) or 0
+  local share = tonumber(redis.call('HGET', runs, 'share:' .. run)) or 1
+  local cap = tonumber(redis.call('HGET', runs, 'cap:' .. run)) or 0
+  local k = want - moved
+  if #head == 4 and head[4] ~= 'inf' then
+    k = math.min(k, math.max(1, math.floor(tonumber(head[4]) * share + 1e-9) - flight))
+  end
+  if cap > 0 then k = math.min(k, cap - flight) end
+  local q = ARGV[3] .. run
+  local items = false
+  if k >= 1 then items = redis.call('LPOP', q, k) end
+  if k < 1 then
+    redis.call('ZADD', fair, 'inf', run)
+  elseif not items then
+    redis.call('ZREM', fair, run)
+  else
+    for _, item in ipairs(items) do
+      local sep = string.find(item, '|', 1, true)
+      if sep then
+        redis.call('XADD', stream, '*', 'v', string.sub(item, 1, sep - 1), 'd', string.sub(item, sep + 1), 'r', run)
+      else
+        redis.call('XADD', stream, '*', 'v', '', 'd', item, 'r', run)
+      end
+    end
+    moved = moved + #items
+    flight = redis.call('HINCRBY', runs, 'flight:' .. run, #items)
+    redis.call('HINCRBY', runs, 'queued', -#items)
+    redis.call('LTRIM', KEYS[4], #items, -1)
+    if redis.call('LLEN', q) == 0 then redis.call('ZREM', fair, run)
+    else redis.call('ZADD', fair, score(runs, run, flight), run) end
+  end
+end
+return moved
+"""
+)
+
+# Cancel a run's queued tasks at once (farm.fairness.drain): each task still at the head of the
+# run's queue is taken out and answered with the `cancelled` rollout the client built for it; one
+# already moved to the stream is left to the worker that reads it (it settles as cancelled there).
+# KEYS: fair zset, runs hash, the run's queue, backlog list, open-tasks zset, open-runs hash,
+# stats hash, then the reply streams. ARGV: run, result-stream prefix, then per task: the queued
+# item, the index in KEYS of its reply stream, task id, the rollout's version and body.
+# Returns how many were cancelled; -1/-2 as SETTLE (a bad reply stream: nothing done).
+DRAIN = (
+    FAIR_FUNCTIONS
+    + """
+local run, prefix = ARGV[1], ARGV[2]
+for k = 8, #KEYS do
+  local key = KEYS[k]
+  if #key <= #prefix or string.sub(key, 1, #prefix) ~= prefix then return -1 end
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= 'stream' then return -2 end
+end
+local n = 0
+for a = 3, #ARGV, 5 do
+  if redis.call('LINDEX', KEYS[3], 0) == ARGV[a] then
+    redis.call('LPOP', KEYS[3])
+    redis.call('XADD', KEYS[tonumber(ARGV[a + 1])], '*', 'v', ARGV[a + 3], 'd', ARGV[a + 4])
+    redis.call('ZREM', KEYS[5], ARGV[a + 2])
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('HINCRBY', KEYS[2], 'queued', -n)
+  redis.call('LTRIM', KEYS[4], n, -1)
+  if redis.call('HINCRBY', KEYS[6], run, -n) <= 0 then redis.call('HDEL', KEYS[6], run) end
+  redis.call('HINCRBY', KEYS[7], 'cancelled', n)
+end
+if redis.call('LLEN', KEYS[3]) == 0 then
+  redis.call('ZREM', KEYS[1], run)
+  if not redis.call('HGET', KEYS[2], 'flight:' .. run) then
+    redis.call('HDEL', KEYS[2], 'share:' .. run, 'cap:' .. run)
+  end
+end
+return n
+"""
+)
 
 # Reset the idle time of entries this consumer still owns; return the ids another consumer
 # took over (entries no longer pending were settled in the meantime and are skipped).
@@ -161,6 +333,9 @@ SOURCES = {
     "bucket": BUCKET,
     "prune": PRUNE,
     "settle": SETTLE,
+    "enqueue": ENQUEUE,
+    "feed": FEED,
+    "drain": DRAIN,
     "retry": RETRY,
     "promote": PROMOTE,
     "renew": RENEW,

@@ -66,6 +66,11 @@ class AgentStream:
         self.stats = keys.stats(agent)
         self.rec = recording or Recording()
         self._bucket: tuple[int, str] = (-1, "")
+        # The run each delivered entry counts against (its `r` field, farm.fairness), by entry id,
+        # while this process holds it: its settle takes it out of the run's in flight.
+        self.fed: dict[str, str] = {}
+        self._feed_keys = (keys.fair(agent), keys.runs(agent), self.stream, keys.backlog(agent))
+        self._feed_prefix = keys.queue_prefix(agent)
 
     async def setup(self) -> None:
         await self.outage.call(self._setup, "setting up the stream")
@@ -86,13 +91,36 @@ class AgentStream:
             return None
 
     async def read(self, count: int, block_ms: int) -> list[Entry]:
-        resp = await self.outage.call(
-            lambda: self._grouped(
-                lambda: self.r.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
-            ),
-            "fetching tasks",
-        )
-        return [(text(i), f) for _, entries in resp or [] for i, f in entries]
+        """Up to `count` new tasks, waiting up to block_ms: in one round trip, FEED moves the runs'
+        queued tasks into the stream in fair order (farm.fairness) and XREADGROUP reads them."""
+
+        async def feed_and_read() -> Any:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.evalsha(SHAS["feed"], 4, *self._feed_keys, GROUP, count, self._feed_prefix)
+            pipe.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+            try:
+                return (await pipe.execute())[1]
+            except NoScriptError:
+                await load_scripts(self.r)
+                return None
+
+        resp = await self.outage.call(lambda: self._grouped(feed_and_read), "fetching tasks")
+        return self._entries(resp)
+
+    def _entries(self, resp: Any) -> list[Entry]:
+        out = []
+        for _, entries in resp or []:
+            for i, f in entries:
+                entry_id = text(i)
+                run = f.get(b"r")
+                if run is not None:
+                    self.fed[entry_id] = text(run)
+                out.append((entry_id, f))
+        return out
+
+    def forget(self, entry_id: str) -> None:
+        """The entry left this process (settled, or handed back)."""
+        self.fed.pop(entry_id, None)
 
     async def reclaim(self, min_idle_ms: int, count: int) -> list[tuple[str, dict, int]]:
         """Take over entries idle longer than min_idle_ms; returns (id, fields, deliveries)."""
@@ -104,7 +132,7 @@ class AgentStream:
         )
         if not resp:
             return []
-        entries = [(text(i), f) for i, f in resp[1] if f is not None]
+        entries = self._entries([(self.stream, [(i, f) for i, f in resp[1] if f is not None])])
         if not entries:
             return []
 
@@ -146,7 +174,9 @@ class AgentStream:
     async def promote(self, limit: int = 200) -> int:
         return await self.outage.call(
             lambda: self._script(
-                "promote", [self.keys.delayed(self.agent), self.stream], [time.time(), limit, schema.SCHEMA_VERSION]
+                "promote",
+                [self.keys.delayed(self.agent), self.stream, self.keys.fair(self.agent), self.keys.runs(self.agent)],
+                [time.time(), limit, schema.SCHEMA_VERSION],
             ),
             "promoting due retries",
         )
@@ -174,9 +204,10 @@ class AgentStream:
         (this minute's history increments, farm.history) rides along for the Settler, which adds
         it once the settle has acknowledged the task; `ids` (task id, run id) is no longer open
         once settled (farm.cancel)."""
-        keys = [self.stream, self.stats, self.keys.open_tasks(), self.keys.open_runs()]
-        reply_index = 5 if reply_to is not None else 0
-        args: list = [GROUP, entry_id, outcome, self.keys.results_prefix(), reply_index, *ids]
+        keys = [self.stream, self.stats, self.keys.open_tasks(), self.keys.open_runs(), *self._feed_keys[:2]]
+        reply_index = 7 if reply_to is not None else 0
+        flight = self.fed.get(entry_id, "")
+        args: list = [GROUP, entry_id, outcome, self.keys.results_prefix(), reply_index, *ids, flight]
         appends = list(appends)
         if reply_to is not None:
             assert appends and appends[0][0] == reply_to, "the reply is the first appended stream"
@@ -232,8 +263,8 @@ class AgentStream:
         """RETRY: the task (its next attempt) into the delayed set until `due`; `kind` is why the attempt failed."""
         return SettleOp(
             script="retry",
-            keys=(self.stream, self.keys.delayed(self.agent), self.stats),
-            args=(GROUP, entry_id, due, schema.encode(task)),
+            keys=(self.stream, self.keys.delayed(self.agent), self.stats, *self._feed_keys[:2]),
+            args=(GROUP, entry_id, due, schema.encode(task), self.fed.get(entry_id, "")),
             entry_id=entry_id,
             agent=self.agent,
             outcome="retried",

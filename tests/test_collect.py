@@ -289,9 +289,12 @@ def test_outstanding_tasks_never_exceed_concurrency(tmp_path, settings, sync_red
 
     def watch() -> None:
         # Entries stay in the task stream until settled (the settle step XDELs them): pending +
-        # undelivered, i.e. everything outstanding in Redis for this agent.
+        # undelivered; with the tasks still queued per run (farm.fairness) and the retries
+        # waiting, everything outstanding in Redis for this agent.
         while not done.is_set():
-            seen.append(sync_redis.xlen(stream) + sync_redis.zcard(settings.keys.delayed("noop")))
+            pipe = sync_redis.pipeline(transaction=True)
+            pipe.xlen(stream).zcard(settings.keys.delayed("noop")).llen(settings.keys.backlog("noop"))
+            seen.append(sum(pipe.execute()))
             time.sleep(0.002)
 
     t = threading.Thread(target=watch)

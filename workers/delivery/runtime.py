@@ -314,6 +314,7 @@ class Worker:
                 self._fail(exc)
         finally:
             self.inflight.pop(entry_id, None)
+            self.stream.forget(entry_id)
             self._slot.set()
 
     # -- background chores -------------------------------------------------------------

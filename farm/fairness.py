@@ -1,0 +1,190 @@
+"""Fair share between runs: several trainings, evaluations and collections on one agent's workers.
+
+A farm serves several runs at once. Each run's tasks wait in their own queue per agent
+(`{ns}:queue:{agent}:{run}`, a list, first in first out), not in the agent's stream. Workers
+take tasks through the FEED script (farm.scripts), run in the same round trip as their
+XREADGROUP: it moves queued tasks into the stream, one run after another, until the stream
+holds as many unread tasks as the worker has free slots. Which run goes next is the agent's
+fair zset (`{ns}:fair:{agent}`): every run with queued tasks, scored `(in_flight + 1) / share`,
+the lowest first. So the agent's slots are shared between the runs with a backlog in
+proportion to their shares (D'Hondt's rule), whoever submitted first or faster; a run with no
+backlog is not in the zset and takes nothing; a new run has nothing in flight and is served at
+the next fetch. A run at its cap (`max_in_flight`) scores inf and waits for one of its slots.
+
+Why slots and not tasks: what runs share is worker time. Counting slots held, a run whose
+rollouts take ten times longer gets the same share of the workers, not ten times as much, and
+a training run that comes back after its optimizer step with a small batch gets free slots at
+once (it holds none), instead of waiting behind a collection's backlog in dispatch order.
+
+In flight means fed to the stream and not yet settled (running, or waiting to be read, or a
+retry in its backoff is not). Each entry FEED writes carries its run (`r`); the settle script
+takes it out of that run's count, and RETRY/PROMOTE take it out and back in (farm.scripts).
+Entries added to the stream any other way (a requeued dead letter) count for no run.
+
+A run's share and cap are given when its tasks are submitted (`FarmClient.submit(tasks,
+share=3)`, `farm collect --share 3 --max-in-flight 64`, the trainer's `share`); the last
+submit's values hold. The agent's runs hash `{ns}:runs:{agent}` holds `share:R`, `cap:R`,
+`flight:R` and the agent's total `queued`; `{ns}:backlog:{agent}` is a list one byte per queued
+task long, so that KEDA's Redis list scaler can read the backlog (deploy/k8s).
+
+Cancelling a run (`FarmClient.cancel_run`) drains its queues at once: each queued task is
+answered with its `cancelled` rollout by the DRAIN script, which takes a task only while it is
+still at its queue's head, so a task FEED moved in the meantime is settled by its worker
+instead, as `cancelled`: one rollout either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from farm import schema
+from farm.errors import ConfigError, SchemaError
+from farm.keys import Keys, text
+from farm.schema import Rollout
+from farm.scripts import SOURCES
+
+CHUNK = 1000  # tasks per DRAIN script
+MAX_SHARE = 1e6
+
+
+def check_share(share: Any) -> float:
+    """A run's share: a finite number above 0 (a run's slots are proportional to it)."""
+    try:
+        value = float(share)
+    except (TypeError, ValueError):
+        raise ConfigError(f"share {share!r} must be a number above 0") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_SHARE:
+        raise ConfigError(f"share {share!r} must be a number above 0 and at most {MAX_SHARE:,.0f}")
+    return value
+
+
+def check_cap(cap: Any) -> int:
+    """A run's cap on tasks in flight per agent: 0 (none) or a positive whole number."""
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise ConfigError(f"max_in_flight {cap!r} must be a whole number, 0 for no cap")
+    return cap
+
+
+def item(fields: dict) -> bytes:
+    """A task entry as its run's queue holds it: `VERSION|BODY`."""
+    return bytes(fields[b"v"]) + b"|" + bytes(fields[b"d"])
+
+
+def enqueue(pipe: Any, keys: Keys, agent: str, run_id: str, items: list[bytes], share: float, cap: int) -> None:
+    """Queue one run's tasks for an agent (ENQUEUE, sent as source: a client never meets NOSCRIPT)."""
+    pipe.eval(
+        SOURCES["enqueue"],
+        4,
+        keys.fair(agent),
+        keys.runs(agent),
+        keys.queue(agent, run_id),
+        keys.backlog(agent),
+        run_id,
+        repr(share),
+        cap,
+        *items,
+    )
+
+
+def wake(pipe: Any, keys: Keys, agent: str, group: str) -> None:
+    """Move one task into the stream when no worker has an unread one: that wakes a worker blocked
+    on the stream, whose next fetch feeds the rest in fair order."""
+    pipe.eval(
+        SOURCES["feed"],
+        4,
+        keys.fair(agent),
+        keys.runs(agent),
+        keys.tasks(agent),
+        keys.backlog(agent),
+        group,
+        1,
+        keys.queue_prefix(agent),
+    )
+
+
+async def drain(r: Any, keys: Keys, agent: str, run_id: str, message: str) -> int:
+    """Answer every task of `run_id` still queued for `agent` with its `cancelled` rollout; returns
+    how many. An item that cannot be decoded is left for a worker, which dead-letters it."""
+    queue = keys.queue(agent, run_id)
+    done = 0
+    while True:
+        raw = await r.lrange(queue, 0, CHUNK - 1)
+        if not raw:
+            return done
+        streams: dict[str, int] = {}
+        args: list[Any] = [run_id, keys.results_prefix()]
+        for entry in raw:
+            rollout = _cancelled(entry, keys, message)
+            if rollout is None:
+                break  # left for a worker: DRAIN takes only from the head, so stop here
+            index = streams.setdefault(rollout.reply_to, 8 + len(streams))
+            fields = schema.entry(rollout.rollout)
+            args += [entry, index, rollout.rollout.task_id, fields[b"v"], fields[b"d"]]
+        if len(args) == 2:
+            return done
+        fixed = [keys.fair(agent), keys.runs(agent), queue, keys.backlog(agent)]
+        fixed += [keys.open_tasks(), keys.open_runs(), keys.stats(agent)]
+        n = await r.eval(SOURCES["drain"], len(fixed) + len(streams), *fixed, *streams, *args)
+        if n <= 0:
+            return done  # nothing at the head any more (workers took it), or a bad reply stream
+        done += n
+
+
+@dataclass(frozen=True)
+class _Answer:
+    reply_to: str
+    rollout: Rollout
+
+
+def _cancelled(entry: bytes, keys: Keys, message: str) -> Optional[_Answer]:
+    version, sep, body = bytes(entry).partition(b"|")
+    if not sep:
+        return None
+    try:
+        task = schema.decode_task({b"v": version, b"d": body})
+    except SchemaError:
+        return None
+    if not keys.is_result_stream(task.reply_to):
+        return None
+    return _Answer(task.reply_to, Rollout.cancelled(task, message))
+
+
+@dataclass(frozen=True)
+class RunState:
+    """One run on one agent: its tasks queued (waiting for a slot), in flight, its share and cap."""
+
+    run_id: str
+    queued: int
+    in_flight: int
+    share: float
+    cap: int
+
+
+async def run_states(r: Any, keys: Keys, agent: str) -> list[RunState]:
+    """The agent's runs with tasks queued or in flight, by run id (two round trips)."""
+    fields = {text(k): text(v) for k, v in (await r.hgetall(keys.runs(agent))).items()}
+    queued_runs = [text(m) for m in await r.zrange(keys.fair(agent), 0, -1)]
+    runs = sorted(set(queued_runs) | {k[len("flight:") :] for k in fields if k.startswith("flight:")})
+    lengths = await _lengths(r, [keys.queue(agent, run) for run in runs])
+    return [
+        RunState(
+            run_id=run,
+            queued=n,
+            in_flight=int(fields.get(f"flight:{run}", 0)),
+            share=float(fields.get(f"share:{run}", 1)),
+            cap=int(fields.get(f"cap:{run}", 0)),
+        )
+        for run, n in zip(runs, lengths)
+    ]
+
+
+async def _lengths(r: Any, queues: Iterable[str]) -> list[int]:
+    queues = list(queues)
+    if not queues:
+        return []
+    pipe = r.pipeline(transaction=False)
+    for q in queues:
+        pipe.llen(q)
+    return [int(n) for n in await pipe.execute()]
