@@ -115,7 +115,7 @@ class Collector:
             if self.stop.is_set():
                 break
             if self.window.locked() and batch:
-                await self.client.submit(batch)
+                await self._submit(batch)
                 batch = []
             await self.window.acquire()
             if self.stop.is_set():
@@ -128,11 +128,14 @@ class Collector:
             self.peak_outstanding = max(self.peak_outstanding, len(self.outstanding))
             batch.append(task)
             if len(batch) >= size:
-                await self.client.submit(batch)
+                await self._submit(batch)
                 batch = []
         if batch:
-            await self.client.submit(batch)
+            await self._submit(batch)
         self.fed = True
+
+    async def _submit(self, batch: list[Task]) -> None:
+        await self.client.submit(batch, share=self.options.share, max_in_flight=self.options.max_in_flight)
 
     async def drain(self, ok: Journal, failures: Journal, on_batch) -> None:
         next_deadline_check = time.monotonic() + 1.0
@@ -338,6 +341,8 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
         "dropped_duplicates": collector.dropped,
         "peak_outstanding": collector.peak_outstanding,
         "concurrency": options.concurrency,
+        "share": options.share,
+        "max_in_flight": options.max_in_flight,
         "wall_s": wall,
         "rollouts_per_s": collector.written / wall if wall > 0 else 0.0,
         "complete": not interrupted,

@@ -31,6 +31,8 @@ class CollectOptions:
     num_repeats: dict[str, int] = field(default_factory=lambda: {"default": 1})
     limit: Optional[int] = None
     concurrency: int = 256  # most tasks outstanding in Redis at once
+    share: float = 1.0  # this run's share of the workers while other runs have a backlog too (farm.fairness)
+    max_in_flight: int = 0  # most of this run's tasks in flight per agent (0: no cap)
     timeout_s: Optional[float] = None  # per task, from submission
     run_id: Optional[str] = None
     strict: bool = False

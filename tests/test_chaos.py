@@ -4,11 +4,17 @@ Worker processes are SIGKILLed and restarted, one is SIGSTOPped past the visibil
 and continued, Redis (AOF, fsync always) is SIGKILLed and restarted on the same data, poison
 entries are mixed into the task streams, and the policy server flaps between answering and
 HTTP 503. Two agents run: `single_tool_call` against the policy stub (two model turns and a
-tool call per rollout) and `noop`, some of whose tasks fail on every attempt.
+tool call per rollout) and `noop`, some of whose tasks fail on every attempt. Each agent's tasks
+are split between two runs sharing its workers (farm.fairness): `chaos-a` with share 3 and
+`chaos-b` with share 1 and a cap on its tasks in flight per agent.
 
-At the end every task has exactly one rollout at the consumer, every failed rollout carries a
+At the end every task has exactly one rollout at its run's consumer (none lost, none
+duplicated, none even dropped as a duplicate by the reader), every failed rollout carries a
 kind and a reason, and the dead letters account for the rest: each always-failing task and
-each poison entry is in a dead stream exactly once. The tally is printed.
+each poison entry is in a dead stream exactly once. The fair-share bookkeeping is back to
+empty: every run's in-flight count returned to 0 through the kills and restarts (no `flight:R`
+field left), nothing is queued (no queue, backlog or fair zset entry, `queued` 0). The tally
+is printed, per run.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import redis
 
 from farm.client import FarmClient
 from farm.embedded import EmbeddedRedis
-from farm.keys import GROUP
+from farm.keys import GROUP, text
 from farm.schema import ErrorKind
 from workers.policy.stub import StubProcess
 from workers.policy.stub import weather_rows as stub_rows
@@ -42,6 +48,11 @@ POISON = [
     {"v": b"7", "d": b"\x80"},
     {"x": b"no fields"},
 ]
+AGENTS = ("noop", "single_tool_call")
+# Two runs on both agents: chaos-a gets three times chaos-b's slots while both have a backlog,
+# and chaos-b never has more than CAP tasks in flight per agent (but for promoted retries).
+CAP = 8
+RUNS = {"chaos-a": {"share": 3.0, "max_in_flight": 0}, "chaos-b": {"share": 1.0, "max_in_flight": CAP}}
 
 
 def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir):
@@ -108,22 +119,24 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
 
     async def produce_and_consume():
         client = FarmClient(settings)
+        runs = sorted(RUNS)  # every other task of each agent in each run; always-failing ones in both
         noop = [
             client.task(
-                run_id="chaos",
+                run_id=runs[i % 2],
                 agent="noop",
                 row={"noop": {"fail": "always"} if i % 25 == 0 else {"sleep_s": rnd.random() * 0.3}},
             )
             for i in range(500)
         ]
-        tool = [client.task(run_id="chaos", agent="single_tool_call", row=r) for r in stub_rows(300)]
+        tool = [client.task(run_id=runs[i % 2], agent="single_tool_call", row=r) for i, r in enumerate(stub_rows(300))]
         tasks = noop + tool
         rnd.shuffle(tasks)
         raw = redis.Redis.from_url(settings.redis_url)
         poisoned = 0
         for i in range(0, len(tasks), 40):  # spread over ~20 s, so the chaos lands mid-run
-            await client.submit(tasks[i : i + 40])
-            for agent in ("noop", "single_tool_call"):
+            for run, fair in RUNS.items():
+                await client.submit([t for t in tasks[i : i + 40] if t.run_id == run], **fair)
+            for agent in AGENTS:
                 await client.outage.call(
                     lambda: asyncio.to_thread(raw.xadd, settings.keys.tasks(agent), POISON[poisoned % len(POISON)]),
                     "poisoning",
@@ -132,17 +145,33 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
             await asyncio.sleep(1.0)
         raw.close()
         got = [r async for r in client.results(tasks, timeout_s=300)]
-        duplicates = sum(reader.duplicates for reader in client._readers.values())
+        duplicates = {run: client.reader(run).duplicates for run in RUNS}
         await client.aclose()
         return tasks, got, poisoned, duplicates
 
-    chaos_thread = threading.Thread(target=chaos, daemon=True)
-    chaos_thread.start()
+    most_in_flight: Counter = Counter()  # (agent, run): the highest in-flight count seen
+
+    def watch_flight() -> None:  # evidence that both runs' counts moved (Redis may be down: skip)
+        r = redis.Redis.from_url(settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        while not done.wait(0.25):
+            try:
+                for agent in AGENTS:
+                    for run in RUNS:
+                        n = int(r.hget(settings.keys.runs(agent), f"flight:{run}") or 0)
+                        most_in_flight[(agent, run)] = max(most_in_flight[(agent, run)], n)
+            except redis.RedisError:
+                pass
+        r.close()
+
+    threads = [threading.Thread(target=chaos, daemon=True), threading.Thread(target=watch_flight, daemon=True)]
+    for thread in threads:
+        thread.start()
     try:
         tasks, got, poisoned, duplicates = asyncio.run(produce_and_consume())
     finally:
         done.set()
-        chaos_thread.join(30)
+        for thread in threads:
+            thread.join(30)
         for agent, proc in workers.values():
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
@@ -151,10 +180,15 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
 
     r = redis.Redis.from_url(settings.redis_url)
     try:
-        dead = {agent: r.xrange(settings.keys.dead(agent)) for agent in ("noop", "single_tool_call")}
-        pending = {
-            agent: r.xpending(settings.keys.tasks(agent), GROUP)["pending"] for agent in ("noop", "single_tool_call")
+        dead = {agent: r.xrange(settings.keys.dead(agent)) for agent in AGENTS}
+        pending = {agent: r.xpending(settings.keys.tasks(agent), GROUP)["pending"] for agent in AGENTS}
+        # The fair-share bookkeeping, once everything settled and every worker stopped.
+        runs_left = {
+            agent: {text(k): text(v) for k, v in r.hgetall(settings.keys.runs(agent)).items()} for agent in AGENTS
         }
+        queues_left = {text(k): r.llen(k) for k in r.scan_iter(match=f"{settings.keys.ns}:queue:*", count=1000)}
+        backlog_left = {agent: r.llen(settings.keys.backlog(agent)) for agent in AGENTS}
+        fair_left = {agent: r.zrange(settings.keys.fair(agent), 0, -1, withscores=True) for agent in AGENTS}
     finally:
         r.close()
         server.stop()
@@ -167,9 +201,29 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
     print(
         f"\nchaos tally: {len(tasks)} tasks, {len(got)} rollouts at the consumer "
         f"({sum(x.ok for x in got)} ok, {sum(not x.ok for x in got)} failed: {dict(kinds)}), "
-        f"{duplicates} duplicate deliveries dropped, {poisoned} poison entries, "
+        f"{sum(duplicates.values())} duplicate deliveries dropped, {poisoned} poison entries, "
         f"{len(letters)} dead letters {dict(letter_kinds)}, pending left {pending}; chaos: {dict(events)}"
     )
+    per_run = {}
+    for run, fair in RUNS.items():
+        mine = [t for t in tasks if t.run_id == run]
+        theirs = [x for x in got if x.run_id == run]
+        counts = Counter(x.task_id for x in theirs)
+        wanted = {t.task_id for t in mine}
+        per_run[run] = {
+            "lost": len(wanted - set(counts)),
+            "duplicated": sum(n - 1 for n in counts.values()) + duplicates[run],
+            "stray": len(set(counts) - wanted),
+        }
+        print(
+            f"  {run} (share {fair['share']:g}, max_in_flight {fair['max_in_flight']}): "
+            + ", ".join(f"{agent} {sum(t.agent_ref.name == agent for t in mine)}" for agent in AGENTS)
+            + f" tasks; {len(theirs)} rollouts ({sum(x.ok for x in theirs)} ok, {sum(not x.ok for x in theirs)} "
+            f"failed), {per_run[run]['lost']} lost, {per_run[run]['duplicated']} duplicated "
+            f"({duplicates[run]} dropped by the reader); most in flight seen: "
+            + ", ".join(f"{agent} {most_in_flight[(agent, run)]}" for agent in AGENTS)
+        )
+    print(f"  fair share left: runs {runs_left}, queues {queues_left}, backlog {backlog_left}, fair {fair_left}")
 
     assert events["worker SIGKILL"] and events["worker SIGSTOP"] and events["policy 503 burst"]
     assert events["redis SIGKILL + restart"]
@@ -184,3 +238,15 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
     assert len(unreadable) == poisoned, letter_kinds
     assert len(letters) == len(always) + poisoned
     assert pending == {"noop": 0, "single_tool_call": 0}
+    # Per run: exactly one rollout per task at its run's consumer, none dropped as a duplicate.
+    assert per_run == {run: {"lost": 0, "duplicated": 0, "stray": 0} for run in RUNS}
+    assert all(most_in_flight[(agent, run)] > 0 for agent in AGENTS for run in RUNS), most_in_flight
+    # Fair share: every in-flight count back to 0 (no flight:R field left), nothing queued.
+    flights = {
+        agent: {k: v for k, v in fields.items() if k.startswith("flight:")} for agent, fields in runs_left.items()
+    }
+    assert flights == {agent: {} for agent in AGENTS}, runs_left
+    assert all(int(fields.get("queued", 0)) == 0 for fields in runs_left.values()), runs_left
+    assert not any(queues_left.values()), queues_left
+    assert backlog_left == {agent: 0 for agent in AGENTS}
+    assert fair_left == {agent: [] for agent in AGENTS}

@@ -78,6 +78,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     oversample: float = 1.0  # submit this many times the groups a step needs; keep the first done, cancel the rest
     drop_zero_variance_groups: bool = False  # a group whose rewards are all equal is dropped and replaced
     max_refills: int = 4  # at most this many rounds of replacement groups per step
+    share: float = 1.0  # this run's share of the farm's workers while other runs have a backlog (farm.fairness)
     # Any other top-level key is one of TRL's GRPOConfig arguments, passed to it as it is (TRL checks it).
     trl: dict[str, Any] = {}
 
@@ -96,6 +97,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("rollout_timeout_s must be > 0")
         if not self.oversample >= 1.0:  # NaN included
             raise ValueError(f"oversample must be >= 1.0, got {self.oversample}")
+        if not 0 < self.share <= 1e6:  # NaN included
+            raise ValueError(f"share must be above 0 and at most 1e6, got {self.share}")
         if self.max_refills < 0:
             raise ValueError(f"max_refills must be >= 0, got {self.max_refills}")
         if self.lora_r is not None and self.lora_r < 1:

@@ -113,6 +113,7 @@ class FarmRollout:
         max_refills: int = 4,
         spare_rows: Optional[list[dict]] = None,
         spare_seed: int = 0,
+        share: float = 1.0,
     ):
         extra_groups(1, oversample)  # checks it
         if max_refills < 0:
@@ -133,6 +134,7 @@ class FarmRollout:
             drop_zero_variance_groups,
             max_refills,
         )
+        self.share = share  # of the farm's workers, while other runs have a backlog (farm.fairness)
         self.spares = SpareRows([parse_row(r) for r in spare_rows], seed=spare_seed) if spare_rows else None
         self.version = 0
         self.batches: list[Batch] = []
@@ -273,12 +275,12 @@ class FarmRollout:
         """Submit, stream rollouts into the selection (submitting refills) until it is finished or
         the deadline passes, then cancel what is still open."""
         deadline = time.time() + self.timeout_s
-        await self.client.submit(t for g in sel.groups for t in g.tasks)
+        await self.client.submit((t for g in sel.groups for t in g.tasks), share=self.share)
         while not sel.finished():
             new = await self._stream(sel, spawn, deadline)
             if not new:
                 break
-            await self.client.submit(t for g in new for t in g.tasks)
+            await self.client.submit((t for g in new for t in g.tasks), share=self.share)
         return await self._cancel_open(sel)
 
     async def _stream(self, sel: GroupSelection, spawn: Callable[[int], Group], deadline: float) -> list[Group]:

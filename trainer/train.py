@@ -171,6 +171,7 @@ def build_trainer(
         oversample=cfg.oversample,
         drop_zero_variance_groups=cfg.drop_zero_variance_groups,
         max_refills=cfg.max_refills,
+        share=cfg.share,
         spare_rows=train_rows,
         spare_seed=cfg.seed + int(os.environ.get("RANK", "0")),
     )

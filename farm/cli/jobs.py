@@ -61,6 +61,20 @@ def demo(g: Globals, noop, tasks, processes, concurrency, timeout) -> int:
 @click.option("--limit", type=COUNT, default=None, help="only the first N valid rows.")
 @click.option("--concurrency", type=COUNT, default=256, show_default=True, help="most tasks outstanding at once.")
 @click.option(
+    "--share",
+    type=Finite(0, min_open=True, max=1e6),
+    default=1.0,
+    show_default=True,
+    help="this run's share of the workers' slots while other runs also have tasks queued.",
+)
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="most of this run's tasks running at once per agent (0: no cap).",
+)
+@click.option(
     "--timeout",
     type=POSITIVE,
     default=None,
@@ -99,6 +113,8 @@ def collect(
     num_repeats,
     limit,
     concurrency,
+    share,
+    max_in_flight,
     timeout,
     run_id,
     resume,
@@ -134,6 +150,8 @@ def collect(
         num_repeats=parse_repeats(num_repeats),
         limit=limit,
         concurrency=concurrency,
+        share=share,
+        max_in_flight=max_in_flight,
         timeout_s=timeout,
         run_id=run_id,
         strict=strict,
