@@ -53,6 +53,26 @@ AGENTS = ("noop", "single_tool_call")
 # and chaos-b never has more than CAP tasks in flight per agent (but for promoted retries).
 CAP = 8
 RUNS = {"chaos-a": {"share": 3.0, "max_in_flight": 0}, "chaos-b": {"share": 1.0, "max_in_flight": CAP}}
+# A run's in-flight count is exactly the number of its entries in the agent's task stream (FEED
+# and PROMOTE add an entry with `r` and count it, SETTLE and RETRY delete it and uncount it, each
+# in one script), so the two are compared at once, in one script, while the chaos runs: a count
+# that leaks or goes below the truth shows at once, not only in what is left at the end.
+# KEYS: tasks stream, runs hash. ARGV: runs. Returns per run: its entries in the stream, flight:R.
+IN_FLIGHT = """
+local n = {}
+for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+  local f = e[2]
+  for j = 1, #f - 1, 2 do
+    if f[j] == 'r' then n[f[j + 1]] = (n[f[j + 1]] or 0) + 1 end
+  end
+end
+local out = {}
+for _, run in ipairs(ARGV) do
+  out[#out + 1] = n[run] or 0
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[2], 'flight:' .. run)) or 0
+end
+return out
+"""
 
 
 def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir):
@@ -150,15 +170,20 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
         return tasks, got, poisoned, duplicates
 
     most_in_flight: Counter = Counter()  # (agent, run): the highest in-flight count seen
+    checks: Counter = Counter()  # the in-flight invariant: how often it was checked
+    broken: list = []  # and when it did not hold: (agent, run, entries in the stream, flight:R)
 
-    def watch_flight() -> None:  # evidence that both runs' counts moved (Redis may be down: skip)
+    def watch_flight() -> None:  # Redis may be down for a while: skip those checks
         r = redis.Redis.from_url(settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
         while not done.wait(0.25):
             try:
                 for agent in AGENTS:
-                    for run in RUNS:
-                        n = int(r.hget(settings.keys.runs(agent), f"flight:{run}") or 0)
-                        most_in_flight[(agent, run)] = max(most_in_flight[(agent, run)], n)
+                    counts = r.eval(IN_FLIGHT, 2, settings.keys.tasks(agent), settings.keys.runs(agent), *RUNS)
+                    for run, (entries, flight) in zip(RUNS, zip(counts[::2], counts[1::2])):
+                        most_in_flight[(agent, run)] = max(most_in_flight[(agent, run)], flight)
+                        if entries != flight:
+                            broken.append((agent, run, entries, flight))
+                    checks[agent] += 1
             except redis.RedisError:
                 pass
         r.close()
@@ -223,6 +248,7 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
             f"({duplicates[run]} dropped by the reader); most in flight seen: "
             + ", ".join(f"{agent} {most_in_flight[(agent, run)]}" for agent in AGENTS)
         )
+    print(f"  in flight == entries in the stream: checked {dict(checks)} times, broken {len(broken)} times")
     print(f"  fair share left: runs {runs_left}, queues {queues_left}, backlog {backlog_left}, fair {fair_left}")
 
     assert events["worker SIGKILL"] and events["worker SIGSTOP"] and events["policy 503 burst"]
@@ -241,6 +267,8 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
     # Per run: exactly one rollout per task at its run's consumer, none dropped as a duplicate.
     assert per_run == {run: {"lost": 0, "duplicated": 0, "stray": 0} for run in RUNS}
     assert all(most_in_flight[(agent, run)] > 0 for agent in AGENTS for run in RUNS), most_in_flight
+    assert min(checks[agent] for agent in AGENTS) >= 20, checks
+    assert broken == [], broken[:20]  # in flight == the run's entries in the stream, all along
     # Fair share: every in-flight count back to 0 (no flight:R field left), nothing queued.
     flights = {
         agent: {k: v for k, v in fields.items() if k.startswith("flight:")} for agent, fields in runs_left.items()
