@@ -61,7 +61,8 @@ class CancelReport:
                     f"run {self.run_id} has no queued or running tasks (unknown, or every task settled): "
                     "nothing to cancel"
                 )
-            return f"cancelled run {self.run_id}: {self.open_count} queued or running tasks end as `cancelled`"
+            drained = f" ({self.drained} still queued, answered at once)" if self.drained else ""
+            return f"cancelled run {self.run_id}: {self.open_count} queued or running tasks end as `cancelled`{drained}"
         parts = []
         if self.open:
             parts.append(f"cancelled {len(self.open)} queued or running tasks")
