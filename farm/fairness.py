@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from farm import schema
 from farm.errors import ConfigError, SchemaError
-from farm.keys import Keys, text
+from farm.keys import Keys
 from farm.schema import Rollout
 from farm.scripts import SOURCES
+from farm.state import RunState, run_ids, run_rows
 
 CHUNK = 1000  # tasks per DRAIN script
 MAX_SHARE = 1e6
@@ -151,37 +152,13 @@ def _cancelled(entry: bytes, keys: Keys, message: str) -> Optional[_Answer]:
     return _Answer(task.reply_to, Rollout.cancelled(task, message))
 
 
-@dataclass(frozen=True)
-class RunState:
-    """One run on one agent: its tasks queued (waiting for a slot), in flight, its share and cap."""
-
-    run_id: str
-    queued: int
-    in_flight: int
-    share: float
-    cap: int
-
-
 async def run_states(r: Any, keys: Keys, agent: str) -> list[RunState]:
-    """The agent's runs with tasks queued or in flight, by run id (two round trips)."""
-    fields = {text(k): text(v) for k, v in (await r.hgetall(keys.runs(agent))).items()}
-    queued_runs = [text(m) for m in await r.zrange(keys.fair(agent), 0, -1)]
-    runs = sorted(set(queued_runs) | {k[len("flight:") :] for k in fields if k.startswith("flight:")})
-    lengths = await _lengths(r, [keys.queue(agent, run) for run in runs])
-    return [
-        RunState(
-            run_id=run,
-            queued=n,
-            in_flight=int(fields.get(f"flight:{run}", 0)),
-            share=float(fields.get(f"share:{run}", 1)),
-            cap=int(fields.get(f"cap:{run}", 0)),
-        )
-        for run, n in zip(runs, lengths)
-    ]
+    """The agent's runs with tasks queued or in flight, by run id (farm.state reads the same, blocking)."""
+    fields, runs = run_ids(await r.hgetall(keys.runs(agent)), await r.zrange(keys.fair(agent), 0, -1))
+    return run_rows(fields, runs, await _lengths(r, [keys.queue(agent, run) for run in runs]))
 
 
-async def _lengths(r: Any, queues: Iterable[str]) -> list[int]:
-    queues = list(queues)
+async def _lengths(r: Any, queues: list[str]) -> list[int]:
     if not queues:
         return []
     pipe = r.pipeline(transaction=False)

@@ -7,14 +7,18 @@ trip it makes anyway (farm.streams.Settler), so the history costs no round trip 
 work per task, and a task settled elsewhere is not counted twice. What a bucket holds:
 
   done, failed          rollouts that ended ok/truncated, and failed ones (dead letters included)
+  cancelled             rollouts of tasks a client cancelled (neither done nor failed)
+  run:<run>:<outcome>   the same three counts per run id (done, failed, cancelled), for each run's rates
   fail:<kind>           failures by ErrorKind
   reward_sum, reward_n  the sum and count of rewards (rollouts that have one)
   passed                rollouts whose reward reached `pass_threshold`
   lt:<i>, lat_sum       rollout latency (pickup to finish) in the bins of LATENCY_EDGES_S
   tokens                completion tokens, for tokens per second
-  depth                 the task stream's length (waiting and in flight) when the minute's counts were last written
+  depth                 tasks not yet settled (queued, waiting and in flight) when the minute's counts were last written
 
-Reading the last hours costs one HGETALL per agent and minute, whatever the number of tasks.
+Reading the last hours costs one HGETALL per agent and minute, whatever the number of tasks
+(`buckets`: one pipelined round trip). A bucket holds one `run:` field per run and outcome that
+settled in that minute, so its size grows with the runs an agent serves, not with their tasks.
 Percentiles are estimates from the bins, as Prometheus' histogram_quantile makes them: the bin
 where the cumulative count crosses the quantile, interpolated within it (geometrically: the bins
 grow by 2^(1/3), 26% each, from 1 ms to 2.3 h, so an estimate is within a bin's width of the
@@ -29,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from farm.keys import Keys
 from farm.schema import Rollout
 
 # Bin edges from 1 ms to 2.3 h, each 2^(1/3) of the one before. The fields are `lt:<i>` (buckets
@@ -53,6 +58,8 @@ class Recording:
 
 
 LATENCY_FIELDS = tuple(f"lt:{i}" for i in range(len(LATENCY_EDGES_S) + 1))
+RUN_OUTCOMES = ("done", "failed", "cancelled")  # the per-run fields: run:<run_id>:<outcome>
+RUN_WINDOW_MINUTES = 2  # `farm status`'s rates per run: the last full minute and the current one so far
 
 
 def minute(now: Optional[float] = None) -> int:
@@ -69,13 +76,16 @@ def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float
     """What one settled rollout adds to its minute's bucket: counts as int, sums as float (finite)."""
     out: dict[str, float] = {}
     if rollout.ok:
-        out["done"] = 1
+        outcome = "done"
     elif rollout.status == "cancelled":
-        out["cancelled"] = 1
+        outcome = "cancelled"
     else:
-        out["failed"] = 1
+        outcome = "failed"
         kind = rollout.error.kind if rollout.error is not None else "unknown"
         out[f"fail:{kind}"] = 1
+    out[outcome] = 1
+    if rollout.run_id:
+        out[f"run:{rollout.run_id}:{outcome}"] = 1
     if rollout.reward is not None and math.isfinite(rollout.reward):
         out["reward_sum"] = float(rollout.reward)
         out["reward_n"] = 1
@@ -99,6 +109,14 @@ def decode_bucket(raw: dict) -> dict[str, float]:
         except (TypeError, ValueError):
             continue
     return out
+
+
+def buckets(r: Any, keys: Keys, agent: str, minutes: Iterable[int]) -> list[dict[str, float]]:
+    """The agent's buckets of these epoch minutes (empty where none was written), in one round trip."""
+    pipe = r.pipeline(transaction=False)
+    for m in minutes:
+        pipe.hgetall(keys.history(agent, m))
+    return [decode_bucket(raw) for raw in pipe.execute()]
 
 
 def merge(buckets: Iterable[dict[str, float]]) -> dict[str, float]:
@@ -151,6 +169,32 @@ def summary(bucket: dict[str, float], minutes: float) -> dict[str, Any]:
         "tokens_per_s": bucket.get("tokens", 0.0) / (minutes * 60) if minutes else 0.0,
         "rollouts": int(ended),
     }
+
+
+def run_counts(bucket: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per run id, the rollouts a bucket counts for it by outcome (its `run:<run_id>:<outcome>` fields)."""
+    out: dict[str, dict[str, float]] = {}
+    for k, v in bucket.items():
+        if k.startswith("run:"):
+            run, _, outcome = k[4:].rpartition(":")
+            if run and outcome in RUN_OUTCOMES:
+                counts = out.setdefault(run, dict.fromkeys(RUN_OUTCOMES, 0.0))
+                counts[outcome] += v
+    return out
+
+
+def run_rates(bucket: dict[str, float], minutes: float) -> dict[str, dict[str, float]]:
+    """Per run id, its rollouts per minute over a bucket covering `minutes` minutes, by outcome:
+    {run: {"done_per_min": ..., "failed_per_min": ..., "cancelled_per_min": ...}}."""
+    return {
+        run: {f"{outcome}_per_min": n / minutes if minutes else 0.0 for outcome, n in counts.items()}
+        for run, counts in run_counts(bucket).items()
+    }
+
+
+def run_rate(rates: dict[str, dict[str, float]], run_id: str) -> dict[str, float]:
+    """One run's rates from run_rates: zeros for a run that settled nothing in the window."""
+    return rates.get(run_id) or {f"{outcome}_per_min": 0.0 for outcome in RUN_OUTCOMES}
 
 
 def window(now: float, minutes: int) -> tuple[list[int], float]:

@@ -96,11 +96,11 @@ return 1
 """
 )
 
-# Add a batch of settled rollouts to a minute's history bucket (farm.history), note the task
-# stream's length there, and keep the bucket for ARGV[1] seconds. KEYS: bucket hash, tasks
-# stream. ARGV: TTL seconds, then (field, increment) pairs: an increment written without a '.'
-# is an integer (HINCRBY), one with a '.' a float (HINCRBYFLOAT). A bucket key of another type
-# is left alone (0).
+# Add a batch of settled rollouts to a minute's history bucket (farm.history), note there the
+# tasks not yet settled (the task stream's length plus the agent's backlog list), and keep the
+# bucket for ARGV[1] seconds. KEYS: bucket hash, tasks stream, backlog list. ARGV: TTL seconds,
+# then (field, increment) pairs: an increment written without a '.' is an integer (HINCRBY),
+# one with a '.' a float (HINCRBYFLOAT). A bucket key of another type is left alone (0).
 BUCKET = """
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'none' and t ~= 'hash' then return 0 end
@@ -111,7 +111,7 @@ for i = 2, #ARGV, 2 do
     redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
   end
 end
-redis.call('HSET', KEYS[1], 'depth', redis.call('XLEN', KEYS[2]))
+redis.call('HSET', KEYS[1], 'depth', redis.call('XLEN', KEYS[2]) + redis.call('LLEN', KEYS[3]))
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 1
 """
@@ -356,7 +356,8 @@ class HistoryCount(msgspec.Struct, frozen=True, kw_only=True):
     """A settle's increments to its minute's history bucket (farm.history), added once it acknowledged."""
 
     bucket: str  # the bucket's key
-    stream: str  # the task stream, whose length the bucket notes
+    stream: str  # the task stream and the agent's backlog list (farm.fairness): their lengths
+    backlog: str  # added are the bucket's depth, every task not yet settled
     ttl_s: int
     increments: dict[str, float]
 

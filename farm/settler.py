@@ -55,7 +55,7 @@ class Settler:
         self.counters: Counter = Counter() if counters is None else counters
         self.queue: asyncio.Queue = asyncio.Queue()
         self._task: Optional[asyncio.Task] = None
-        self._counts: dict[tuple[str, str, int], dict[str, float]] = {}
+        self._counts: dict[tuple[str, str, str, int], dict[str, float]] = {}
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="settler")
@@ -116,20 +116,20 @@ class Settler:
             self.counters[op.outcome] += 1
             if op.history is not None:
                 h = op.history
-                self._add_bucket((h.bucket, h.stream, h.ttl_s), h.increments)
+                self._add_bucket((h.bucket, h.stream, h.backlog, h.ttl_s), h.increments)
         elif res == NOT_PENDING:
             self.counters["duplicate"] += 1
 
-    def _add_counts(self, counts: dict[tuple[str, str, int], dict[str, float]]) -> None:
+    def _add_counts(self, counts: dict[tuple[str, str, str, int], dict[str, float]]) -> None:
         for bucket, inc in counts.items():
             self._add_bucket(bucket, inc)
 
-    def _add_bucket(self, bucket: tuple[str, str, int], inc: dict[str, float]) -> None:
+    def _add_bucket(self, bucket: tuple[str, str, str, int], inc: dict[str, float]) -> None:
         total = self._counts.setdefault(bucket, {})
         for k, v in inc.items():
             total[k] = total.get(k, 0) + v
 
-    def _take_counts(self) -> dict[tuple[str, str, int], dict[str, float]]:
+    def _take_counts(self) -> dict[tuple[str, str, str, int], dict[str, float]]:
         counts, self._counts = self._counts, {}
         return counts
 
@@ -144,9 +144,9 @@ class Settler:
         pipe = self.r.pipeline(transaction=False)
         for op in ops:
             pipe.evalsha(SHAS[op.script], len(op.keys), *op.keys, *op.args)
-        for (key, stream, ttl), inc in counts.items():
+        for (key, stream, backlog, ttl), inc in counts.items():
             args = [ttl]
             for k, v in inc.items():
                 args += [k, v if type(v) is int else f"{v:.9f}"]  # a float always has a '.'
-            pipe.evalsha(SHAS["bucket"], 2, key, stream, *args)
+            pipe.evalsha(SHAS["bucket"], 3, key, stream, backlog, *args)
         return await pipe.execute(raise_on_error=False)

@@ -1,15 +1,22 @@
-"""`farm status`: what every agent stream and worker looks like right now, read from Redis."""
+"""`farm status`: what every agent's queue, runs and workers look like right now, read from Redis.
+
+Per agent: `queued` is what no worker has taken yet (the runs' queues and the stream's lag,
+farm.state.QueueState.waiting), then `pending`, `lag`, `delayed`, `dead` and the settle counts; per
+run with tasks queued or in flight, its share, cap, queued, in flight and rollouts done per minute
+over the last one to two minutes (the last full minute's history bucket and the current one's).
+"""
 
 from __future__ import annotations
 
 import json
 import signal
+import time
 from dataclasses import asdict
 from typing import Any, Optional
 
 import redis
 
-from farm import state
+from farm import history, state
 from farm.keys import Keys
 
 # The stats-hash counts `farm status` shows per agent, in its columns' order: how tasks ended
@@ -17,12 +24,21 @@ from farm.keys import Keys
 SETTLED = ("done", "failed", "cancelled", "retried")
 
 
-def collect_status(r: redis.Redis, keys: Keys) -> dict:
-    """Per agent its queue (farm.state.QueueState's fields), and the live workers."""
-    return {
-        "agents": {agent: asdict(state.queue(r, keys, agent)) for agent in state.agents(r, keys)},
-        "workers": state.live_workers(r, keys).listing(),
-    }
+def collect_status(r: redis.Redis, keys: Keys, now: Optional[float] = None) -> dict:
+    """Per agent its queue (farm.state.QueueState's fields, `queued` its waiting tasks) with its runs,
+    each with its rates from the history; and the live workers."""
+    now = time.time() if now is None else now
+    minutes, span = history.window(now, history.RUN_WINDOW_MINUTES)
+    agents = {}
+    for agent in state.agents(r, keys):
+        q = state.queue(r, keys, agent)
+        rates = history.run_rates(history.merge(history.buckets(r, keys, agent, minutes)), span)
+        agents[agent] = {
+            **asdict(q),
+            "queued": q.waiting,
+            "runs": [{**asdict(run), **history.run_rate(rates, run.run_id)} for run in q.runs],
+        }
+    return {"agents": agents, "workers": state.live_workers(r, keys).listing()}
 
 
 def _n(value: Any) -> str:
@@ -31,7 +47,7 @@ def _n(value: Any) -> str:
 
 
 def render_status(status: dict, *, where: str = "", console=None) -> None:
-    """Two tables that fit 80 columns: per agent, then live workers (ids shortened to fit)."""
+    """Tables that fit 80 columns: per agent, each agent's runs, then live workers (ids shortened to fit)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -44,7 +60,7 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
         c = row["counters"]
         t.add_row(
             agent,
-            _n(row["length"]),
+            _n(row["queued"]),
             _n(row["pending"]),
             _n(row["lag"]),
             _n(row["delayed"]),
@@ -54,6 +70,9 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
     if not status["agents"]:
         t.add_row("(none yet)", *["0"] * (5 + len(SETTLED)))
     console.print(t)
+    for agent, row in status["agents"].items():
+        if row["runs"]:
+            console.print(run_table(agent, row["runs"]))
     w = Table(title=f"workers alive: {len(status['workers'])}", title_justify="left", pad_edge=False, box=None)
     for col in ("worker", "agent", "conc", "inflight", "done", "failed"):
         w.add_column(
@@ -70,6 +89,24 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
             *(_n(info.get(k, 0)) for k in ("concurrency", "inflight", "done", "failed")),
         )
     console.print(w)
+
+
+def run_table(agent: str, runs: list[dict]):
+    """One agent's runs: share, cap (- for none), queued, in flight, rollouts done per minute."""
+    from rich.text import Text
+
+    t = agent_table(f"runs on {agent}"[:78], ("share", "cap", "queued", "in flight", "done/min"), 36, first="run")
+    t.collapse_padding = True
+    for run in runs:
+        t.add_row(
+            Text(str(run["run_id"])),  # as text, never as console markup
+            f"{run['share']:g}",
+            _n(run["cap"]) if run["cap"] else "-",
+            _n(run["queued"]),
+            _n(run["in_flight"]),
+            f"{run['done_per_min']:,.1f}",
+        )
+    return t
 
 
 def run_status(settings, *, as_json: bool = False, watch_s: Optional[float] = None) -> int:

@@ -220,7 +220,9 @@ class AgentStream:
         counts = None
         if bucket and self.rec.history:
             key = self._bucket_key()
-            counts = HistoryCount(bucket=key, stream=self.stream, ttl_s=self.rec.ttl_s, increments=bucket)
+            counts = HistoryCount(
+                bucket=key, stream=self.stream, backlog=self._feed_keys[3], ttl_s=self.rec.ttl_s, increments=bucket
+            )
         return SettleOp(
             script="settle",
             keys=tuple(keys),
@@ -296,9 +298,10 @@ class AgentStream:
         if reply is None:
             info = schema.salvage(fields)  # a rare path: whatever still names the task stops being open
             ids = tuple(v if isinstance(v, str) else "" for v in (info.get("task_id"), info.get("run_id")))
-            return self.settle_op(
-                entry_id, "dead", kind, appends, bucket={"failed": 1, f"fail:{kind}": 1}, ids=(ids[0], ids[1])
-            )
+            counts: dict[str, float] = {"failed": 1, f"fail:{kind}": 1}
+            if ids[1]:
+                counts[f"run:{ids[1]}:failed"] = 1
+            return self.settle_op(entry_id, "dead", kind, appends, bucket=counts, ids=(ids[0], ids[1]))
         # The reply goes first: a bad reply_to is found before the dead letter is written.
         bucket = history.increments(reply[1], self.rec.pass_threshold)
         reply_append = (reply[0], schema.entry(reply[1]))

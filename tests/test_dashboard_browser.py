@@ -9,6 +9,7 @@ overview's screenshot to docs/dashboard.png (the one the README shows).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -16,9 +17,9 @@ import time
 import pytest
 import redis
 
-from farm import history, schema
+from farm import history
+from farm.client import FarmClient
 from farm.dashboard import data
-from farm.schema import Task
 
 from conftest import ROOT, farm_process, free_port, make_settings, need_binary, wait_for
 
@@ -26,11 +27,15 @@ pytestmark = pytest.mark.slow
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
 
 
-def submit(r: redis.Redis, settings, agent: str, rows: list[dict]) -> None:
-    r.sadd(settings.keys.agents(), agent)
-    for row in rows:
-        task = Task.new(run_id="web", agent=agent, row=row, reply_to=settings.keys.results("web"))
-        r.xadd(settings.keys.tasks(agent), schema.entry(task))
+def submit(settings, agent: str, rows: list[dict], run: str = "web", share: float = 1.0) -> None:
+    """Through FarmClient.submit, as a trainer submits: queued in the run's queue for the agent."""
+
+    async def go() -> None:
+        client = FarmClient(settings)
+        await client.submit([client.task(run_id=run, agent=agent, row=row) for row in rows], share=share)
+        await client.aclose()
+
+    asyncio.run(go())
 
 
 def browser_path() -> str:
@@ -71,15 +76,15 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         submit(
-            r,
             settings,
             "noop",
             [{"noop": {"reward": 1.0, "tokens": 12}}] * 6
             + [{"noop": {"reward": 0.0}, "responses_create_params": {"input": HOSTILE}}],
         )
-        submit(r, settings, "flaky", [{"noop": {"fail": "always"}}] * 3)
-        submit(r, settings, "slow", [{"noop": {"sleep_s": 60}}] * 5)  # 2 in flight, 3 waiting
-        submit(r, settings, "idle", [{}] * 4)
+        submit(settings, "flaky", [{"noop": {"fail": "always"}}] * 3)
+        submit(settings, "slow", [{"noop": {"sleep_s": 60}}] * 5)  # 2 in flight, 3 waiting
+        submit(settings, "idle", [{}] * 4)  # no worker: one moved to the stream, 3 in web's queue
+        submit(settings, "idle", [{}] * 2, run="idle-eval", share=3)
         # 60 tasks of idle cancelled this minute, as the settle records them (farm.history)
         r.hincrby(settings.keys.history("idle", history.minute()), "cancelled", 60)
         wait_for(
@@ -105,7 +110,14 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
 
             assert cell("flaky", "dead") == "3" and cell("flaky", "failure_rate") == "100.0%"
             assert cell("flaky", "failures_by_kind") == "agent_error 3"
-            assert cell("idle", "queued") == "4" and cell("idle", "live_workers") == "0"
+            assert cell("idle", "queued") == "6" and cell("idle", "live_workers") == "0"
+
+            def run_cells(agent: str, run: str) -> tuple[str, ...]:
+                row = f'#runs tr[data-agent="{agent}"][data-run="{run}"]'
+                return tuple(page.inner_text(f'{row} td[data-k="{k}"]') for k in ("share", "queued", "in_flight"))
+
+            runs_shown = {"web": ("1", "3", "1"), "idle-eval": ("3", "2", "0")}
+            assert {run: run_cells("idle", run) for run in runs_shown} == runs_shown
             assert cell("slow", "in_flight") == "2" and cell("slow", "queued") == "3"
             assert cell("noop", "live_workers") == "1" and cell("noop", "pass_rate") == "85.7%"
             # 60 over the 5-minute window, of which 4 to 5 minutes have elapsed
@@ -115,6 +127,8 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
             # (the page's Content-Security-Policy forbids evaluating strings, so poll from here)
             wait_for(lambda: page.inner_text("#updated") != before, timeout=15, what="the overview to refresh itself")
             assert 12.0 <= float(cell("idle", "cancelled_per_min")) <= 15.0, "as the refresh writes it"
+            assert {run: run_cells("idle", run) for run in runs_shown} == runs_shown, "as the refresh writes them"
+            assert run_cells("slow", "web")[1:] == ("3", "2")
             assert "cancelled/min" in page.inner_text("#overview thead")
             page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
             if os.environ.get("FARM_UPDATE_SCREENSHOT"):

@@ -4,9 +4,10 @@ the worker's health probe itself is tested in tests/test_health.py.
 - Kubernetes: every overlay rendered by a real kustomize (kubectl's built-in one), validated
   against the Kubernetes schemas (kubernetes-validate, strict) and KEDA's CRD schemas (vendored
   from KEDA v2.17.0, the minimum version deploy/README.md states: tests/data/), and checked
-  against the code: the stream and group the scaler reads are farm/keys.py's, the probes ask the
-  worker's health port, the grace period covers the worker's; the lag KEDA reads is checked on a
-  real Redis 7 while a real worker settles tasks;
+  against the code: the backlog list and the stream the scaler reads are farm/keys.py's, the
+  probes ask the worker's health port, the grace period covers the worker's; what KEDA reads (the
+  backlog list's length, the stream's length) is checked on a real Redis while a real worker
+  settles tasks;
 - compose: validated against the compose-spec JSON schema (vendored: tests/data/), its settings
   load as the farm's Settings, and its healthcheck commands run against real processes;
 - the Dockerfile: hadolint-clean, and its build stage's commands run here (a fresh virtualenv, a
@@ -34,8 +35,9 @@ import pytest
 import redis
 import yaml
 
+from farm import state
 from farm.embedded import EmbeddedRedis
-from farm.keys import GROUP, Keys
+from farm.keys import Keys
 from farm.settings import Settings, load_settings
 
 from conftest import ROOT, async_wait_for, farm_process, free_port, make_settings, stop, wait_for
@@ -147,7 +149,7 @@ def test_the_validators_reject_what_they_should():
     with pytest.raises(jsonschema.ValidationError, match="minReplicas"):
         validate(so, "1.30.0")
     so = copy.deepcopy(next(d for d in docs if d["kind"] == "ScaledObject"))
-    so["spec"]["triggers"][0]["metadata"]["lagCount"] = 256  # KEDA's metadata values are strings
+    so["spec"]["triggers"][0]["metadata"]["listLength"] = 256  # KEDA's metadata values are strings
     with pytest.raises(jsonschema.ValidationError):
         validate(so, "1.30.0")
     dep = copy.deepcopy(next(d for d in docs if d["kind"] == "Deployment"))
@@ -201,7 +203,6 @@ def test_each_pool_is_wired_to_the_farms_own_keys_probes_and_grace_period(overla
     docs = kustomize(DEPLOY / "k8s" / "overlays" / overlay)
     found = pools(docs)
     assert sorted(found) == ["math", "mcqa", "noop", "single_tool_call"]
-    params = KEDA["redis_streams_parameters"]
     for agent, p in found.items():
         c, dep, so = p["container"], p["deployment"], p["scaled"]
         env = {e["name"]: e for e in c["env"]}
@@ -209,20 +210,24 @@ def test_each_pool_is_wired_to_the_farms_own_keys_probes_and_grace_period(overla
         assert registered(agent), agent
         assert dep["spec"]["template"]["metadata"]["labels"]["rollout-farm/agent"] == agent
         assert p["pdb"]["spec"]["selector"]["matchLabels"]["rollout-farm/agent"] == agent
-        # The scaler reads the agent's task stream through the workers' consumer group (farm/keys.py).
+        # The scaler reads the agent's backlog list and its task stream (farm/keys.py).
+        keys = Keys(settings.namespace)
         triggers = {t["name"]: t for t in so["spec"]["triggers"]}
         assert sorted(triggers) == ["backlog", "inflight"]
+        backlog, inflight = triggers["backlog"], triggers["inflight"]
+        assert backlog["type"] == "redis" and backlog["metadata"]["listName"] == keys.backlog(agent)
+        assert backlog["metadata"]["activationListLength"] == "0"  # any task queued wakes a pool at zero
+        assert int(backlog["metadata"]["listLength"]) > 0
+        assert inflight["type"] == "redis-streams" and inflight["metadata"]["stream"] == keys.tasks(agent)
+        assert "consumerGroup" not in inflight["metadata"], "no group: KEDA reads the stream's length (XLEN)"
+        assert inflight["metadata"]["streamLength"] == arg(c, "--concurrency")
+        params = {"redis": KEDA["redis_parameters"], "redis-streams": KEDA["redis_streams_parameters"]}
         for t in triggers.values():
-            meta = t["metadata"]
-            assert t["type"] == "redis-streams"
-            assert meta["stream"] == Keys(settings.namespace).tasks(agent)
-            assert meta["consumerGroup"] == GROUP
+            meta, known = t["metadata"], params[t["type"]]
             assert meta["enableTLS"] == tls
             assert meta["databaseIndex"] == "0"
-            assert set(meta) <= set(params["triggerMetadata"]), set(meta) - set(params["triggerMetadata"])
-        assert triggers["backlog"]["metadata"]["activationLagCount"] == "0"
-        assert int(triggers["backlog"]["metadata"]["lagCount"]) > 0
-        assert triggers["inflight"]["metadata"]["pendingEntriesCount"] == arg(c, "--concurrency")
+            assert set(meta) <= set(known["triggerMetadata"]), set(meta) - set(known["triggerMetadata"])
+            assert set(known.get("required", ())) <= set(meta)
         secret_refs = p["auth"]["spec"]["secretTargetRef"]
         assert {r["name"] for r in secret_refs} == {"farm-redis"}
         assert {r["parameter"]: r["key"] for r in secret_refs} == {
@@ -230,7 +235,7 @@ def test_each_pool_is_wired_to_the_farms_own_keys_probes_and_grace_period(overla
             "password": "password",
             "username": "username",
         }
-        assert all(r["parameter"] in params["authParams"] for r in secret_refs)
+        assert all(r["parameter"] in known["authParams"] for r in secret_refs for known in params.values())
         assert "tls" not in {r["parameter"] for r in secret_refs}  # KEDA refuses tls here beside enableTLS
         assert env["FARM_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "farm-redis", "key": "url"}
         # Probes ask the worker's health server, on the port it serves (on the pod's IP).
@@ -250,43 +255,56 @@ def test_each_pool_is_wired_to_the_farms_own_keys_probes_and_grace_period(overla
 
 
 @pytest.mark.timeout(60)
-async def test_the_lag_keda_reads_counts_waiting_tasks_on_the_farms_stream_after_real_settles(redis_url, namespace):
-    """KEDA's lag trigger reads XINFO GROUPS' `lag` (Redis >= 7). The farm deletes settled entries
-    (XACK + XDEL), which can make Redis report no lag at all; this shows it stays a count here:
-    the tasks no worker has fetched, while pending counts the ones workers hold."""
+async def test_the_list_keda_reads_holds_the_waiting_tasks_after_real_submits_and_settles(redis_url, namespace):
+    """KEDA's `backlog` trigger reads the length of <ns>:backlog:<agent> (a list, one item per task
+    queued in the agent's run queues) and `inflight` the length of the task stream (settled entries
+    are deleted: the tasks workers hold, and the one a submit moves there for a worker to read).
+    Against real submits and a real worker's settles: while the worker is busy, the list is exactly
+    the tasks waiting (`farm status`'s queued) and the stream the ones it holds; a single task
+    submitted while no worker runs waits in the stream, not the list, and still wakes the pool."""
     from farm.client import FarmClient
     from workers.delivery.runtime import Worker
     from workers.loops.noop import NoopAgent
 
     docs = kustomize(DEPLOY / "k8s" / "overlays" / "noop")
-    meta = next(d for d in docs if d["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"]
-    ns, _, agent = meta["stream"].split(":")
-    assert meta["stream"] == Keys(ns).tasks(agent)
-    stream, group = Keys(namespace).tasks(agent), meta["consumerGroup"]  # the same key, in this test's namespace
+    meta = {t["name"]: t["metadata"] for t in next(d for d in docs if d["kind"] == "ScaledObject")["spec"]["triggers"]}
+    ns, _, agent = meta["backlog"]["listName"].split(":")
+    assert meta["backlog"]["listName"] == Keys(ns).backlog(agent) and meta["inflight"]["stream"] == Keys(ns).tasks(
+        agent
+    )
+    keys = Keys(namespace)  # the same keys, in this test's namespace
     r = redis.Redis.from_url(redis_url)
-    version = r.info("server")["redis_version"]
-    if int(version.split(".")[0]) < 7:
-        unavailable(f"the test Redis is {version}: consumer-group lag needs Redis 7 (KEDA refuses older ones)")
     settings = make_settings(redis_url, namespace)
     client = FarmClient(settings)
+
+    def keda() -> tuple[int, int, int]:
+        """What the two triggers read, and the tasks no worker has taken (farm.state)."""
+        return r.llen(keys.backlog(agent)), r.xlen(keys.tasks(agent)), state.queue(r, keys, agent).waiting
+
+    first = [client.task(run_id="keda", agent=agent, row={})]
+    await client.submit(first)
+    assert keda() == (0, 1, 1), "one task, no worker: in the stream (inflight's length 1 > 0 wakes the pool)"
+    rest = [client.task(run_id="keda", agent=agent, row={}) for _ in range(5)]
+    await client.submit(rest)
+    assert keda() == (5, 1, 6), "the rest in the list (backlog's length 5 > 0 wakes the pool too)"
     w = Worker(settings, agent, NoopAgent(), concurrency=2)
     run = asyncio.create_task(w.run())
     try:
-        await client.run_batch([client.task(run_id="lag", agent=agent, row={}) for _ in range(20)], timeout_s=20)
-        assert r.xlen(stream) == 0  # settled entries are deleted
-        slow = [client.task(run_id="lag", agent=agent, row={"noop": {"sleep_s": 2}}) for _ in range(4)]
-        waiter = asyncio.ensure_future(client.run_batch(slow, timeout_s=30))
-        info = await async_wait_for(
-            lambda: next(
-                (g for g in r.xinfo_groups(stream) if g["name"].decode() == group and g["pending"] == 2), None
-            ),
-            timeout=5,
-            what="two tasks in flight",
-        )
-        assert info["lag"] == 2, info  # the two waiting for a free slot: what the backlog trigger scales on
-        await waiter
-        info = next(g for g in r.xinfo_groups(stream) if g["name"].decode() == group)
-        assert (info["lag"], info["pending"]) == (0, 0), info
+        assert len(await client.collect(first + rest, timeout_s=20)) == 6
+        assert keda() == (0, 0, 0), "all settled: nothing left for either trigger"
+        slow = [client.task(run_id="keda", agent=agent, row={"noop": {"sleep_s": 2}}) for _ in range(6)]
+        waiter = asyncio.ensure_future(client.collect(slow, timeout_s=30))
+        await client.submit(slow)
+        for left in (4, 2):  # the worker's 2 slots full; after 2 settle, it takes 2 more from the list
+            q = await async_wait_for(
+                lambda n=left: (q := state.queue(r, keys, agent)).backlog == n and q.pending == 2 and q,
+                timeout=10,
+                what=f"two tasks in flight and {left} queued",
+            )
+            assert q.waiting == left and q.lag == 0, q
+            assert keda() == (left, 2, left), "the list is the tasks waiting; the stream the 2 held"
+        assert len(await waiter) == 6 and r.hget(keys.stats(agent), "done") == b"12"
+        assert keda() == (0, 0, 0)
     finally:
         w.request_stop()
         await asyncio.wait_for(run, 30)

@@ -23,8 +23,8 @@ from farm.transport import Outage
 from conftest import consumer_with_tasks, in_process_worker, make_settings, run_script
 
 
-def rollout(reward=1.0, total_s=0.3, ok=True, tokens=None) -> Rollout:
-    task = Task.new(run_id="r", agent="a", row={}, reply_to="farm:results:r")
+def rollout(reward=1.0, total_s=0.3, ok=True, tokens=None, run="r") -> Rollout:
+    task = Task.new(run_id=run, agent="a", row={}, reply_to=f"farm:results:{run}")
     if ok:
         r = Rollout.for_task(task, status=Status.ok, reward=reward, timings=Timings(total_s=total_s))
     else:
@@ -38,6 +38,7 @@ def rollout(reward=1.0, total_s=0.3, ok=True, tokens=None) -> Rollout:
 def test_increments_say_what_one_rollout_adds():
     assert history.increments(rollout(1.0, 0.3, tokens=50)) == {
         "done": 1,
+        "run:r:done": 1,
         "reward_sum": 1.0,
         "reward_n": 1,
         "passed": 1,
@@ -49,6 +50,26 @@ def test_increments_say_what_one_rollout_adds():
     assert "passed" not in history.increments(rollout(0.4), pass_threshold=0.5)
     failed = history.increments(rollout(ok=False, total_s=2.0))
     assert failed["failed"] == 1 and failed["fail:verifier"] == 1 and "reward_n" not in failed
+    assert failed["run:r:failed"] == 1 and "run:r:done" not in failed
+
+
+def test_each_run_is_counted_under_its_own_fields_and_the_agents_figures_are_unchanged():
+    """Two runs' rollouts in one bucket: run_counts/run_rates give each run its own, the agent's
+    summary and percentiles read the same as without the run fields, and fields that are not
+    `run:<run_id>:<outcome>` are not read as a run."""
+    rollouts = [rollout(run="a")] * 6 + [rollout(ok=False, run="a")] + [rollout(run="b.2-x")] * 3
+    bucket = merge(history.increments(x) for x in rollouts)
+    assert history.run_counts(bucket) == {
+        "a": {"done": 6.0, "failed": 1.0, "cancelled": 0.0},
+        "b.2-x": {"done": 3.0, "failed": 0.0, "cancelled": 0.0},
+    }
+    rates = history.run_rates(bucket, minutes=2.0)
+    assert rates["a"]["done_per_min"] == 3.0 and rates["a"]["failed_per_min"] == 0.5
+    assert rates["b.2-x"]["done_per_min"] == 1.5
+    plain = {k: v for k, v in bucket.items() if not k.startswith("run:")}
+    assert summary(bucket, 2.0) == summary(plain, 2.0) and summary(bucket, 2.0)["done_per_min"] == 4.5
+    odd = {**bucket, "run:": 4.0, "run:c": 1.0, "run:c:lat_sum": 2.0, "run::done": 5.0, "depth": 3.0}
+    assert history.run_counts(odd) == history.run_counts(bucket)
 
 
 def test_percentiles_are_estimates_within_a_bin_of_the_truth():
@@ -100,6 +121,7 @@ async def test_buckets_hold_what_the_settled_rollouts_say(redis_url, namespace):
     for field in ("done", "failed", "reward_n", "passed", "tokens", "fail:verifier", "fail:agent_error"):
         assert bucket.get(field) == expected.get(field), field
     assert bucket["done"] == 18 and bucket["failed"] == 7 and bucket["tokens"] == 12 * 8
+    assert history.run_counts(bucket) == {"hist": {"done": 18.0, "failed": 7.0, "cancelled": 0.0}}
     assert bucket["reward_sum"] == pytest.approx(12 * 1.0 + 6 * 0.25)
     lat_fields = {k for k in bucket if k.startswith("lt:")}
     for k in lat_fields - {"lat_sum"}:

@@ -2,12 +2,14 @@
 deploy/monitoring gets data back through its HTTP API; promtool accepts the shipped files.
 
 The farm is made to show every condition the alerts watch for: an agent with a growing
-backlog and no worker, an agent whose rollouts all fail (dead letters rising, some as policy
-errors), and a healthy one, served by `farm worker` processes, one with --metrics-port.
+backlog and no worker (two runs with shares 1 and 3, for the per-run panels), an agent whose
+rollouts all fail (dead letters rising, some as policy errors), and a healthy one, served by
+`farm worker` processes, one with --metrics-port. Tasks are submitted through FarmClient.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -20,7 +22,7 @@ import pytest
 import redis
 import yaml
 
-from farm.schema import Task
+from farm.client import FarmClient
 
 from conftest import ROOT, farm_process, free_port, make_settings, need_binary, wait_for
 
@@ -98,23 +100,26 @@ def test_every_panel_and_alert_gets_data_from_a_real_prometheus(redis_url, names
     prom = f"http://127.0.0.1:{prom_port}"
     stop = threading.Event()
 
-    def feed() -> None:
-        r = redis.Redis.from_url(redis_url)
+    async def submit_until_stopped() -> None:
+        """Submits through FarmClient, as a trainer does: two runs on `idle` (no worker: their
+        backlogs grow), with shares 1 and 3, for the per-run panels."""
+        client = FarmClient(settings)
         while not stop.is_set():
             rows = [
-                ("idle", {}),  # no worker: a backlog that grows
-                ("noop", {"noop": {"reward": 1.0, "tokens": 16}}),
-                ("noop", {"noop": {"reward": 0.0}}),
-                ("flaky", {"noop": {"fail": "always"}}),  # dead letters rising
-                ("flaky", {"noop": {"fail": "fatal", "kind": "policy"}}),  # policy errors
+                ("prom", "idle", {}),  # no worker: a backlog that grows
+                ("eval", "idle", {}),
+                ("prom", "noop", {"noop": {"reward": 1.0, "tokens": 16}}),
+                ("prom", "noop", {"noop": {"reward": 0.0}}),
+                ("prom", "flaky", {"noop": {"fail": "always"}}),  # dead letters rising
+                ("prom", "flaky", {"noop": {"fail": "fatal", "kind": "policy"}}),  # policy errors
             ]
-            for agent, row in rows:
-                task = Task.new(run_id="prom", agent=agent, row=row, reply_to=settings.keys.results("prom"))
-                client_sync_submit(r, settings, task)
-            stop.wait(0.5)
-        r.close()
+            for run, share in (("prom", 1), ("eval", 3)):
+                mine = [client.task(run_id=run, agent=agent, row=row) for r, agent, row in rows if r == run]
+                await client.submit(mine, share=share)
+            await asyncio.sleep(0.5)
+        await client.aclose()
 
-    feeder = threading.Thread(target=feed, daemon=True)
+    feeder = threading.Thread(target=lambda: asyncio.run(submit_until_stopped()), daemon=True)
     r = redis.Redis.from_url(redis_url)
     r.hincrby(settings.keys.stats("idle"), "cancelled", 5)  # as the settle of 5 cancelled tasks counts them
     r.close()
@@ -130,6 +135,8 @@ def test_every_panel_and_alert_gets_data_from_a_real_prometheus(redis_url, names
         (cancelled,) = query(prom, 'farm_rollouts_total{agent="idle",status="cancelled"}')
         assert cancelled["value"][1] == "5"
         assert query(prom, 'farm_cancelled_per_minute{agent="noop"}')
+        shares = {x["metric"]["run"]: x["value"][1] for x in query(prom, 'farm_run_share{agent="idle"}')}
+        assert shares == {"prom": "1", "eval": "3"}
         (worker,) = query(prom, 'farm_worker_tasks_total{agent="noop",outcome="cancelled"}')
         assert worker["value"][1] == "0", "the worker with --metrics-port counts its cancelled tasks"
     finally:
@@ -150,11 +157,3 @@ def _ready(prom: str) -> bool:
         return urllib.request.urlopen(f"{prom}/-/ready", timeout=2).status == 200
     except OSError:
         return False
-
-
-def client_sync_submit(r: redis.Redis, settings, task: Task) -> None:
-    """Submit one task with a blocking client (the feeder runs in a thread)."""
-    from farm import schema
-
-    r.sadd(settings.keys.agents(), task.agent_ref.name)
-    r.xadd(settings.keys.tasks(task.agent_ref.name), schema.entry(task))

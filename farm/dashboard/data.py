@@ -1,15 +1,17 @@
 """What the dashboard shows, read from Redis only; every figure here is what a test checks.
 
-The cost of a refresh grows with the number of agents, workers and minutes shown, never with
-the number of tasks: per agent a stream length, the group summary, the delayed set's size, the
-dead stream's length, the stats hash and one HGETALL per minute of history; the workers'
-heartbeats are read by their keys. No KEYS, no scan of task entries.
+The cost of a refresh grows with the number of agents, runs, workers and minutes shown, never
+with the number of tasks: per agent the reads of farm.state.queue (a stream length, the group
+summary, the delayed set's size, the dead stream's length, the stats hash, the backlog's length,
+the runs hash and fair zset, then each queued run's queue length) and one HGETALL per minute of
+history; the workers' heartbeats are read by their keys. No KEYS, no scan of task entries.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from typing import Any, Optional
 
 import msgspec
@@ -28,37 +30,33 @@ def workers(r: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
     return state.live_workers(r, keys).beats
 
 
-def _queue(r: redis.Redis, keys: Keys, agent: str) -> dict[str, Any]:
-    """The queue as the overview names it: queued (and lag) is what no worker has taken yet, in_flight
-    what workers hold."""
-    q = state.queue(r, keys, agent)
+def _queue(q: state.QueueState, rates: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The queue as the overview names it: queued is what no worker has taken yet (backlog, the tasks
+    in the runs' queues, plus lag, those in the stream not yet read), in_flight what workers hold; per
+    run (farm.state.RunState) its queued, in flight, share, cap and rates over the window."""
     return {
         "queued": q.waiting,
+        "backlog": q.backlog,
         "in_flight": q.pending,
-        "lag": q.waiting,
+        "lag": q.unread,
         "delayed": q.delayed,
         "dead": q.dead,
         "counters": q.counters,
+        "runs": [{**asdict(run), **history.run_rate(rates, run.run_id)} for run in q.runs],
     }
 
 
-def history_buckets(r: redis.Redis, keys: Keys, agent: str, minutes: list[int]) -> list[dict[str, float]]:
-    pipe = r.pipeline(transaction=False)
-    for m in minutes:
-        pipe.hgetall(keys.history(agent, m))
-    return [history.decode_bucket(raw) for raw in pipe.execute()]
-
-
 def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min: int = OVERVIEW_MINUTES) -> dict:
-    """One row per agent: queue state, rates and quality over the last window_min minutes, live workers."""
+    """One row per agent: queue state, rates and quality over the last window_min minutes, live workers;
+    in each, one row per run with tasks queued or in flight (`runs`)."""
     now = time.time() if now is None else now
     live = workers(r, keys)
     minutes, span = history.window(now, window_min)
     rows = {}
     for agent in state.agents(r, keys):
-        bucket = history.merge(history_buckets(r, keys, agent, minutes))
+        bucket = history.merge(history.buckets(r, keys, agent, minutes))
         rows[agent] = {
-            **_queue(r, keys, agent),
+            **_queue(state.queue(r, keys, agent), history.run_rates(bucket, span)),
             **history.summary(bucket, span),
             # a cancelled rollout is neither done nor failed (history.summary counts those two)
             "cancelled_per_min": bucket.get("cancelled", 0.0) / span,
@@ -73,7 +71,7 @@ def series(r: redis.Redis, keys: Keys, agent: str, minutes: int = 180, now: Opti
     now = time.time() if now is None else now
     span, _ = history.window(now, minutes)
     points = []
-    for m, bucket in zip(span, history_buckets(r, keys, agent, span)):
+    for m, bucket in zip(span, history.buckets(r, keys, agent, span)):
         s = history.summary(bucket, 1.0)
         points.append(
             {

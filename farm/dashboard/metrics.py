@@ -3,7 +3,9 @@
 One scrape target for every agent: the dashboard's `/metrics`. Names are prefixed `farm_` and
 carry an `agent` label; deploy/monitoring's Grafana panels and alert rules use only these.
 Gauges are the overview's figures over its 5-minute window; `*_total` counters come from the
-agents' stats hashes, which only grow. `router` serves them; `FarmCollector` computes them.
+agents' stats hashes, which only grow. The `farm_run_*` gauges also carry a `run` label, one
+series per run with tasks queued or in flight (a run's series ends when it has neither).
+`router` serves them; `FarmCollector` computes them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from farm.dashboard import data
 from farm.dashboard.deps import Read
 
 GAUGES = {
-    "farm_queue_depth": ("Tasks waiting to be picked up (the consumer group's lag).", "queued"),
+    "farm_queue_depth": (
+        "Tasks no worker has taken yet: queued in the runs' queues (farm_backlog) plus the stream's lag.",
+        "queued",
+    ),
+    "farm_backlog": ("Tasks queued in the agent's run queues, not yet in its stream (the list KEDA reads).", "backlog"),
     "farm_in_flight": ("Tasks delivered to a worker and not yet settled.", "in_flight"),
     "farm_delayed_retries": ("Failed attempts waiting out their backoff.", "delayed"),
     "farm_dead_letters": ("Dead letters kept in the agent's dead-letter stream.", "dead"),
@@ -31,6 +37,13 @@ GAUGES = {
     "farm_reward_mean": ("Mean reward of the rollouts that have one.", "mean_reward"),
     "farm_pass_rate": ("Share of rewarded rollouts at or above pass_threshold.", "pass_rate"),
     "farm_tokens_per_second": ("Completion tokens per second.", "tokens_per_s"),
+}
+RUN_GAUGES = {
+    "farm_run_queued": ("A run's tasks queued for the agent, waiting for a slot.", "queued"),
+    "farm_run_in_flight": ("A run's tasks moved to the agent's stream and not yet settled.", "in_flight"),
+    "farm_run_share": ("A run's share of the agent's slots while other runs have a backlog.", "share"),
+    "farm_run_cap": ("A run's cap on tasks in flight on the agent (0: none).", "cap"),
+    "farm_run_rollouts_per_minute": ("A run's rollouts that ended ok or truncated, per minute.", "done_per_min"),
 }
 COUNTERS = {
     "farm_rollouts": (
@@ -74,6 +87,12 @@ class FarmCollector(Collector):
                 kinds.add_metric([agent, kind], n / minutes)
         yield latency
         yield kinds
+        for name, (doc, key) in RUN_GAUGES.items():
+            g = GaugeMetricFamily(name, doc, labels=["agent", "run"])
+            for agent, row in agents.items():
+                for run in row.get("runs", []):
+                    g.add_metric([agent, run["run_id"]], float(run[key]))
+            yield g
         for name, (doc, fields) in COUNTERS.items():
             c = CounterMetricFamily(name, doc, labels=["agent", "status"] if len(fields) > 1 else ["agent"])
             for agent, row in agents.items():

@@ -1,5 +1,6 @@
-// Refreshes the overview from /api/overview every 5 s. Values are written with textContent,
-// never as markup: agent names and failure kinds are shown as text whatever they hold.
+// Refreshes the overview (agents, and their runs) from /api/overview every 5 s. Values are written
+// with textContent, never as markup: agent names, run ids and failure kinds are shown as text
+// whatever they hold.
 "use strict";
 (function () {
   const table = document.getElementById("overview");
@@ -18,6 +19,12 @@
     latency_p99_s: (a) => (a.latency_p99_s === null ? "-" : String(a.latency_p99_s)),
     tokens_per_s: (a) => num(a.tokens_per_s, 1), live_workers: (a) => String(a.live_workers),
   };
+  const runShow = {
+    run_id: (x) => String(x.run_id), share: (x) => String(x.share), cap: (x) => (x.cap ? String(x.cap) : "-"),
+    queued: (x) => String(x.queued), in_flight: (x) => String(x.in_flight),
+    done_per_min: (x) => num(x.done_per_min, 1), failed_per_min: (x) => num(x.failed_per_min, 1),
+  };
+  const runs = document.getElementById("runs");
   function cell(text) { const td = document.createElement("td"); td.textContent = text; return td; }
   function link(href, text) { const a = document.createElement("a"); a.href = href; a.textContent = text; return a; }
   function row(name, a) {
@@ -35,6 +42,32 @@
     tr.appendChild(last);
     return tr;
   }
+  function runRow(name, x) {
+    const tr = document.createElement("tr");
+    tr.dataset.agent = name;
+    tr.dataset.run = x.run_id;
+    const first = document.createElement("td");
+    first.className = "name";
+    first.appendChild(link("/agents/" + encodeURIComponent(name), name));
+    tr.appendChild(first);
+    for (const key of Object.keys(runShow)) {
+      const td = cell(runShow[key](x));
+      td.dataset.k = key;
+      if (key === "run_id") td.className = "name";
+      tr.appendChild(td);
+    }
+    return tr;
+  }
+  function runBody(view) {
+    const body = document.createElement("tbody");
+    for (const [name, a] of Object.entries(view.agents)) for (const x of a.runs || []) body.appendChild(runRow(name, x));
+    if (!body.rows.length) {
+      const td = cell("no run has tasks queued or in flight");
+      td.colSpan = 8;
+      body.appendChild(document.createElement("tr")).appendChild(td);
+    }
+    return body;
+  }
   async function refresh() {
     try {
       const resp = await fetch("/api/overview", { cache: "no-store" });
@@ -43,6 +76,7 @@
       const body = document.createElement("tbody");
       for (const [name, a] of Object.entries(view.agents)) body.appendChild(row(name, a));
       table.replaceChild(body, table.tBodies[0]);
+      if (runs) runs.replaceChild(runBody(view), runs.tBodies[0]);
       document.getElementById("updated").textContent = new Date(view.at * 1000).toLocaleTimeString();
     } catch (e) { /* the next refresh tries again */ }
   }
