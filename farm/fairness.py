@@ -4,12 +4,13 @@ A farm serves several runs at once. Each run's tasks wait in their own queue per
 (`{ns}:queue:{agent}:{run}`, a list, first in first out), not in the agent's stream. Workers
 take tasks through the FEED script (farm.scripts), run in the same round trip as their
 XREADGROUP: it moves queued tasks into the stream, one run after another, until the stream
-holds as many unread tasks as the worker has free slots. Which run goes next is the agent's
-fair zset (`{ns}:fair:{agent}`): every run with queued tasks, scored `(in_flight + 1) / share`,
-the lowest first. So the agent's slots are shared between the runs with a backlog in
-proportion to their shares (D'Hondt's rule), whoever submitted first or faster; a run with no
-backlog is not in the zset and takes nothing; a new run has nothing in flight and is served at
-the next fetch. A run at its cap (`max_in_flight`) scores inf and waits for one of its slots.
+holds as many unread tasks as the worker has free slots. The next task comes from the run
+with the lowest `(in_flight + 1) / share` among the runs with tasks queued (the members of the
+agent's fair zset, `{ns}:fair:{agent}`) that are under their cap. So the agent's slots are
+shared between the runs with a backlog in proportion to their shares (D'Hondt's rule), whoever
+submitted first or faster; a run with no backlog takes nothing; a new run has nothing in flight
+and is served at the next fetch. A run at its cap (`max_in_flight`) waits for one of its slots.
+FEED reads the runs' counts once per call, so a settle only decrements its run's count.
 
 Why slots and not tasks: what runs share is worker time. Counting slots held, a run whose
 rollouts take ten times longer gets the same share of the workers, not ten times as much, and

@@ -15,7 +15,7 @@
 {ns}:open_runs          hash of open tasks per run id (likewise)
 {ns}:agents             set of agent names that ever had tasks
 {ns}:queue:{agent}:{run} list of one run's tasks queued for an agent, first in first out (farm.fairness)
-{ns}:fair:{agent}       zset of the runs with queued tasks, scored by which is served next (farm.fairness)
+{ns}:fair:{agent}       zset of the runs with tasks queued for the agent (score 0; farm.fairness)
 {ns}:runs:{agent}       hash of the agent's runs: share:R, cap:R, flight:R, queued (farm.fairness)
 {ns}:backlog:{agent}    list holding one byte per queued task, a length KEDA's list scaler reads
 {ns}:worker:{id}        heartbeat of a live worker (JSON, expires)
@@ -108,7 +108,7 @@ class Keys:
         return f"{self.ns}:queue:{check_name(agent, 'agent name')}:"
 
     def fair(self, agent: str) -> str:
-        """The runs with tasks queued for an agent, scored by which one is served next (farm.fairness)."""
+        """The runs with tasks queued for an agent (farm.fairness chooses among them)."""
         return f"{self.ns}:fair:{check_name(agent, 'agent name')}"
 
     def runs(self, agent: str) -> str:

@@ -19,29 +19,15 @@ from typing import Any, Literal, Optional
 
 import msgspec
 
-# Shared by the scripts that move a run's in-flight count (farm.fairness). A run with tasks queued
-# for an agent sits in the agent's fair zset scored (flight + 1) / share, so the lowest score is
-# served next (slots are shared in proportion to shares, D'Hondt's rule); a run at its cap scores
-# inf and is skipped until a settle frees one of its slots. `unflight` takes one task of `run`
-# out of flight; a run with nothing queued and nothing in flight is forgotten.
+# Shared by the scripts that take a task out of its run's in-flight count (farm.fairness): the
+# runs hash's `flight:RUN`, which FEED reads to choose the next run. A run with nothing queued
+# (not in the fair zset) and nothing in flight is forgotten. O(1): a settle does no more.
 FAIR_FUNCTIONS = """
-local function score(runs, run, flight)
-  local share = tonumber(redis.call('HGET', runs, 'share:' .. run)) or 1
-  local cap = tonumber(redis.call('HGET', runs, 'cap:' .. run)) or 0
-  if cap > 0 and flight >= cap then return 'inf' end
-  return (flight + 1) / share
-end
 local function unflight(fair, runs, run)
   if run == '' then return end
-  local f = redis.call('HINCRBY', runs, 'flight:' .. run, -1)
-  if f <= 0 then
+  if redis.call('HINCRBY', runs, 'flight:' .. run, -1) <= 0 then
     redis.call('HDEL', runs, 'flight:' .. run)
-    f = 0
-  end
-  if redis.call('ZSCORE', fair, run) then
-    redis.call('ZADD', fair, score(runs, run, f), run)
-  elseif f == 0 then
-    redis.call('HDEL', runs, 'share:' .. run, 'cap:' .. run)
+    if not redis.call('ZSCORE', fair, run) then redis.call('HDEL', runs, 'share:' .. run, 'cap:' .. run) end
   end
 end
 """
@@ -138,17 +124,14 @@ return 1
 
 # KEYS: delayed zset, tasks stream, fair zset, runs hash. ARGV: now, limit, schema version.
 # A member `r:RUN\nBODY` (RETRY) goes back with its run and counts in flight again.
-PROMOTE = (
-    FAIR_FUNCTIONS
-    + """
+PROMOTE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, member in ipairs(due) do
   local nl = string.find(member, '\\n', 1, true)
   if string.sub(member, 1, 2) == 'r:' and nl then
     local run = string.sub(member, 3, nl - 1)
     redis.call('XADD', KEYS[2], '*', 'v', ARGV[3], 'd', string.sub(member, nl + 1), 'r', run)
-    local flight = redis.call('HINCRBY', KEYS[4], 'flight:' .. run, 1)
-    if redis.call('ZSCORE', KEYS[3], run) then redis.call('ZADD', KEYS[3], score(KEYS[4], run, flight), run) end
+    redis.call('HINCRBY', KEYS[4], 'flight:' .. run, 1)
   else
     redis.call('XADD', KEYS[2], '*', 'v', ARGV[3], 'd', member)
   end
@@ -156,14 +139,11 @@ for _, member in ipairs(due) do
 end
 return #due
 """
-)
 
 # Queue a chunk of one run's tasks for an agent (farm.fairness). KEYS: fair zset, runs hash, the
 # run's queue, the agent's backlog list. ARGV: run, share, cap (0: none), then the tasks, each
 # `VERSION|BODY`. Returns how many were queued.
-ENQUEUE = (
-    FAIR_FUNCTIONS
-    + """
+ENQUEUE = """
 local run, n = ARGV[1], #ARGV - 3
 for i = 4, #ARGV, 1000 do redis.call('RPUSH', KEYS[3], unpack(ARGV, i, math.min(i + 999, #ARGV))) end
 local ones = {}
@@ -173,20 +153,19 @@ redis.call('HSET', KEYS[2], 'share:' .. run, ARGV[2])
 if tonumber(ARGV[3]) > 0 then redis.call('HSET', KEYS[2], 'cap:' .. run, ARGV[3])
 else redis.call('HDEL', KEYS[2], 'cap:' .. run) end
 redis.call('HINCRBY', KEYS[2], 'queued', n)
-local flight = tonumber(redis.call('HGET', KEYS[2], 'flight:' .. run)) or 0
-redis.call('ZADD', KEYS[1], score(KEYS[2], run, flight), run)
+redis.call('ZADD', KEYS[1], 0, run)
 return n
 """
-)
 
-# Move queued tasks into the agent's stream, the next run's first, until the stream holds n
-# tasks no worker has read (its length less the group's pending entries). A run takes tasks while
-# its score stays at or below the next run's, so one run alone moves in one LPOP. Each entry
+# Move queued tasks into the agent's stream until it holds n tasks no worker has read (its length
+# less the group's pending entries). The next task comes from the run with the lowest
+# (in flight + 1) / share among the runs in the fair zset (those with tasks queued) that are
+# under their cap, so an agent's slots are shared in proportion to shares (D'Hondt's rule). A
+# run takes tasks while its score stays at or below the next run's, so one run alone moves in
+# one LPOP; the runs' state is read once per call, so a settle never has to rescore. Each entry
 # carries its run (`r`), whose in-flight count grows by what moved. KEYS: fair zset, runs hash,
 # tasks stream, backlog list. ARGV: group, n, the agent's queue-key prefix. Returns how many moved.
-FEED = (
-    FAIR_FUNCTIONS
-    + """
+FEED = """
 local fair, runs, stream = KEYS[1], KEYS[2], KEYS[3]
 local want = tonumber(ARGV[2])
 local len = redis.call('XLEN', stream)
@@ -195,27 +174,30 @@ if len > 0 then
   if type(p) == 'table' and p['err'] == nil then len = len - tonumber(p[1]) end
 end
 want = want - len
+if want <= 0 then return 0 end
+local names = redis.call('ZRANGE', fair, 0, -1)
+local flight, share, cap = {}, {}, {}
+for i, run in ipairs(names) do
+  local h = redis.call('HMGET', runs, 'flight:' .. run, 'share:' .. run, 'cap:' .. run)
+  flight[i], share[i], cap[i] = tonumber(h[1]) or 0, tonumber(h[2]) or 1, tonumber(h[3]) or 0
+end
 local moved = 0
 while moved < want do
-  local head = redis.call('ZRANGE', fair, 0, 1, 'WITHSCORES')
-  if #head == 0 or head[2] == 'inf' then break end
-  local run = head[1]
-  local flight = tonumber(redis.call('HGET', runs, 'flight:' .. run)) or 0
-  local share = tonumber(redis.call('HGET', runs, 'share:' .. run)) or 1
-  local cap = tonumber(redis.call('HGET', runs, 'cap:' .. run)) or 0
-  local k = want - moved
-  if #head == 4 and head[4] ~= 'inf' then
-    k = math.min(k, math.max(1, math.floor(tonumber(head[4]) * share + 1e-9) - flight))
+  local best, s1, s2 = nil, math.huge, math.huge
+  for i = 1, #names do
+    if names[i] and (cap[i] == 0 or flight[i] < cap[i]) then
+      local s = (flight[i] + 1) / share[i]
+      if s < s1 then best, s1, s2 = i, s, s1 elseif s < s2 then s2 = s end
+    end
   end
-  if cap > 0 then k = math.min(k, cap - flight) end
+  if not best then break end
+  local run = names[best]
+  local k = want - moved
+  if s2 < math.huge then k = math.min(k, math.max(1, math.floor(s2 * share[best] + 1e-9) - flight[best])) end
+  if cap[best] > 0 then k = math.min(k, cap[best] - flight[best]) end
   local q = ARGV[3] .. run
-  local items = false
-  if k >= 1 then items = redis.call('LPOP', q, k) end
-  if k < 1 then
-    redis.call('ZADD', fair, 'inf', run)
-  elseif not items then
-    redis.call('ZREM', fair, run)
-  else
+  local items = redis.call('LPOP', q, k)
+  if items then
     for _, item in ipairs(items) do
       local sep = string.find(item, '|', 1, true)
       if sep then
@@ -225,16 +207,18 @@ while moved < want do
       end
     end
     moved = moved + #items
-    flight = redis.call('HINCRBY', runs, 'flight:' .. run, #items)
+    flight[best] = flight[best] + #items
+    redis.call('HINCRBY', runs, 'flight:' .. run, #items)
     redis.call('HINCRBY', runs, 'queued', -#items)
     redis.call('LTRIM', KEYS[4], #items, -1)
-    if redis.call('LLEN', q) == 0 then redis.call('ZREM', fair, run)
-    else redis.call('ZADD', fair, score(runs, run, flight), run) end
+  end
+  if not items or redis.call('LLEN', q) == 0 then
+    redis.call('ZREM', fair, run)
+    names[best] = false
   end
 end
 return moved
 """
-)
 
 # Cancel a run's queued tasks at once (farm.fairness.drain): each task still at the head of the
 # run's queue is taken out and answered with the `cancelled` rollout the client built for it; one
@@ -243,9 +227,7 @@ return moved
 # stats hash, then the reply streams. ARGV: run, result-stream prefix, then per task: the queued
 # item, the index in KEYS of its reply stream, task id, the rollout's version and body.
 # Returns how many were cancelled; -1/-2 as SETTLE (a bad reply stream: nothing done).
-DRAIN = (
-    FAIR_FUNCTIONS
-    + """
+DRAIN = """
 local run, prefix = ARGV[1], ARGV[2]
 for k = 8, #KEYS do
   local key = KEYS[k]
@@ -276,7 +258,6 @@ if redis.call('LLEN', KEYS[3]) == 0 then
 end
 return n
 """
-)
 
 # Reset the idle time of entries this consumer still owns; return the ids another consumer
 # took over (entries no longer pending were settled in the meantime and are skipped).
