@@ -264,12 +264,13 @@ class FarmClient:
         if timeout_s is not None:
             deadline = min(deadline or float("inf"), time.time() + timeout_s)
         missing = dict(wanted)
+        left_per_run = Counter(t.run_id for t in wanted.values())
         while True:
             # What arrived, not every task still waited for: a pull costs its arrivals, not the batch size.
             for reader in set(readers.values()):
                 for task_id in [t for t in reader.buffer if t in missing]:
                     rollout = reader.take(task_id)
-                    del missing[task_id]
+                    left_per_run[missing.pop(task_id).run_id] -= 1
                     if rollout is not None:  # in the buffer, so always
                         yield rollout
             if not missing:
@@ -280,7 +281,8 @@ class FarmClient:
                 if left <= 0:
                     break
                 block = max(1, min(block, int(left * 1000)))
-            runs = {t.run_id for t in missing.values()}
+            # The runs still waited for, from a count per run: not a pass over every missing task per pull.
+            runs = [run for run, n in left_per_run.items() if n > 0]
             await asyncio.gather(*(readers[run].pull(block) for run in runs))
         waited = f"{timeout_s}s" if timeout_s is not None else "the deadline"
         for task_id, task in missing.items():
