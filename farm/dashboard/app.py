@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from farm.dashboard import metrics, routes_actions, routes_api, routes_pages
+from farm.dashboard import metrics, routes_actions, routes_agent, routes_api, routes_find, routes_pages, routes_runs
 from farm.dashboard.deps import CSRF_COOKIE, HERE, lifespan
 from farm.errors import TransportError
 from farm.settings import Settings
@@ -93,6 +93,7 @@ def create_app(settings: Settings, r: Optional[redis.Redis] = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, bad_request)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    for router in (routes_pages.router, routes_api.router, routes_actions.router, metrics.router):
-        app.include_router(router)
+    routers = (routes_pages, routes_agent, routes_find, routes_runs, routes_api, routes_actions, metrics)
+    for module in routers:
+        app.include_router(module.router)
     return app
