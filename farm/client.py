@@ -200,8 +200,9 @@ class FarmClient:
                     f"task {t.task_id} is {len(fields[b'd']):,} bytes encoded, over "
                     f"max_entry_bytes={self.settings.max_entry_bytes:,}: shorten its row"
                 )
-            self.keys.queue(t.agent_ref.name, t.run_id)  # checks both names
             by_queue[(t.agent_ref.name, t.run_id)].append(fairness.item(fields))
+        for agent, run in by_queue:
+            self.keys.queue(agent, run)  # checks both names, once per chunk
         return by_queue
 
     async def _submit_chunk(self, tasks: list[Task], share: float, cap: int) -> list[str]:
