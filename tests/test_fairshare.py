@@ -25,7 +25,16 @@ from farm.schema import Status
 from farm.streams import AgentStream
 from farm.transport import Outage
 
-from conftest import farm_process, in_process_worker, run_script, spawn_worker, stop, wait_for
+from conftest import (
+    CharTokenizer,
+    farm_process,
+    in_process_worker,
+    run_script,
+    spawn_worker,
+    stop,
+    trainer_row,
+    wait_for,
+)
 
 ROW = {"noop": {}}
 
@@ -202,3 +211,46 @@ def test_two_collects_3_to_1_when_the_first_ends_the_second_has_about_a_third(tm
     second_done = sum(finished_at(rec) <= end_of_first for rec in out["second"])
     print(f"when the share-3 run's last rollout finished, the share-1 run had {second_done} of 240 done")
     assert 70 <= second_done <= 92, second_done
+
+
+def test_the_trainers_share_reaches_the_farm_and_a_bad_one_is_refused(settings, sync_redis):
+    """FarmRollout(share=3) queues its step's tasks with share 3 (seen in the runs hash while they wait
+    behind a one-slot worker); TrainConfig refuses a share of 0."""
+    import threading
+
+    from trainer.config import TrainConfig
+    from trainer.rollout import FarmRollout
+
+    with pytest.raises(ValueError, match="share"):
+        TrainConfig(model_name="m", dataset_path="d", share=0)
+    rows = [trainer_row(i, tokens=3, reward=1.0, sleep_s=0.3) for i in range(3)]
+    rollout = FarmRollout(settings, tokenizer=CharTokenizer(), run_id="shared", num_generations=2, share=3.0)
+    worker = spawn_worker(settings, "--agent", "noop", "--concurrency", "1")
+    out: dict = {}
+    step = threading.Thread(target=lambda: out.update(rollout([json.dumps(r) for r in rows for _ in range(2)])))
+    try:
+        step.start()
+        shares = wait_for(
+            lambda: sync_redis.hget(settings.keys.runs("noop"), "share:shared"), what="the run's share", timeout=30
+        )
+        step.join(60)
+    finally:
+        stop(worker)
+    assert float(shares) == 3.0
+    assert out["farm_status"] == ["ok"] * 6
+
+
+@pytest.mark.parametrize("flag, value", [("--share", "0"), ("--share", "nan"), ("--max-in-flight", "-1")])
+def test_farm_collect_refuses_a_bad_share_or_cap_in_one_line(tmp_path, settings, flag, value):
+    import subprocess
+    import sys
+
+    from conftest import ROOT, worker_env
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"noop": {}, "agent_ref": {"type": "responses_api_agents", "name": "noop"}}) + "\n")
+    cmd = [sys.executable, "-m", "farm", "collect", "--input", str(rows), "--output", str(tmp_path / "o.jsonl")]
+    proc = subprocess.run([*cmd, flag, value], env=worker_env(settings), cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "Traceback" not in proc.stderr, proc.stderr
