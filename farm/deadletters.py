@@ -37,24 +37,32 @@ return n
 """
 
 
+def _iso(at: Any) -> str:
+    try:
+        return dt.datetime.fromtimestamp(float(at), dt.timezone.utc).isoformat(timespec="seconds")
+    except (ValueError, OverflowError, OSError):
+        return ""
+
+
 def _letter(entry_id: Any, fields: dict, max_entry_bytes: int, with_task: bool) -> dict[str, Any]:
+    """The letter's fields; with its task, also `task` (plain types) and `history`: every attempt the
+    task records (schema.Attempt, the last one included), each with `at_iso`."""
     out: dict[str, Any] = {"id": text(entry_id)}
     for key in ("kind", "reason", "agent", "attempts", "worker", "at", "entry_id"):
         out[key] = text(fields.get(key.encode(), b""))
-    try:
-        out["at_iso"] = dt.datetime.fromtimestamp(float(out["at"]), dt.timezone.utc).isoformat(timespec="seconds")
-    except ValueError:
-        out["at_iso"] = ""
+    out["at_iso"] = _iso(out["at"])
     try:
         task = schema.decode_task({b"v": fields.get(b"v", b""), b"d": fields.get(b"d", b"")}, max_entry_bytes)
         out["task_id"], out["run_id"] = task.task_id, task.run_id
         if with_task:
             out["task"] = msgspec.to_builtins(task)
+            out["history"] = [{**msgspec.to_builtins(a), "at_iso": _iso(a.at)} for a in task.history]
     except SchemaError as exc:
         out["task_id"], out["run_id"] = "", ""
         if with_task:
             out["task"] = None
             out["task_error"] = str(exc)
+            out["history"] = []
     return out
 
 

@@ -9,16 +9,23 @@ work per task, and a task settled elsewhere is not counted twice. What a bucket 
   done, failed          rollouts that ended ok/truncated, and failed ones (dead letters included)
   cancelled             rollouts of tasks a client cancelled (neither done nor failed)
   run:<run>:<outcome>   the same three counts per run id (done, failed, cancelled), for each run's rates
+  runfail:<run>:<kind>  a run's failures by ErrorKind
+  runpv:<run>:<v>:<x>   per run and policy version v, of the rollouts with a reward: x = n (how many),
+                        reward (their sum) and passed (reached `pass_threshold`): a run's learning curve
   fail:<kind>           failures by ErrorKind
   reward_sum, reward_n  the sum and count of rewards (rollouts that have one)
   passed                rollouts whose reward reached `pass_threshold`
   lt:<i>, lat_sum       rollout latency (pickup to finish) in the bins of LATENCY_EDGES_S
   tokens                completion tokens, for tokens per second
-  depth                 tasks not yet settled (queued, waiting and in flight) when the minute's counts were last written
+  depth                 tasks not yet settled (queued, waiting and in flight) when the minute's counts were
+                        last written, and every 10 s by each live worker (AgentStream.record_depth)
 
 Reading the last hours costs one HGETALL per agent and minute, whatever the number of tasks
 (`buckets`: one pipelined round trip). A bucket holds one `run:` field per run and outcome that
-settled in that minute, so its size grows with the runs an agent serves, not with their tasks.
+settled in that minute (and one `runfail:` per run and failure kind, three `runpv:` per run and policy
+version), so its size grows with the runs and versions an agent serves, not with their tasks. The
+readers of the agent's figures (`summary`, `run_counts`) read none of the `runfail:`/`runpv:` fields;
+`run_failures` and `run_versions` read them.
 Percentiles are estimates from the bins, as Prometheus' histogram_quantile makes them: the bin
 where the cumulative count crosses the quantile, interpolated within it (geometrically: the bins
 grow by 2^(1/3), 26% each, from 1 ms to 2.3 h, so an estimate is within a bin's width of the
@@ -59,6 +66,9 @@ class Recording:
 
 LATENCY_FIELDS = tuple(f"lt:{i}" for i in range(len(LATENCY_EDGES_S) + 1))
 RUN_OUTCOMES = ("done", "failed", "cancelled")  # the per-run fields: run:<run_id>:<outcome>
+RUN_FAIL = "runfail:"  # runfail:<run_id>:<kind>
+RUN_VERSION = "runpv:"  # runpv:<run_id>:<policy_version>:<stat>, stat one of RUN_VERSION_STATS
+RUN_VERSION_STATS = ("n", "reward", "passed")
 RUN_WINDOW_MINUTES = 2  # `farm status`'s rates per run: the last full minute and the current one so far
 
 
@@ -75,6 +85,7 @@ def latency_bin(seconds: float) -> int:
 def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float]:
     """What one settled rollout adds to its minute's bucket: counts as int, sums as float (finite)."""
     out: dict[str, float] = {}
+    run = rollout.run_id
     if rollout.ok:
         outcome = "done"
     elif rollout.status == "cancelled":
@@ -83,14 +94,23 @@ def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float
         outcome = "failed"
         kind = rollout.error.kind if rollout.error is not None else "unknown"
         out[f"fail:{kind}"] = 1
+        if run:
+            out[f"{RUN_FAIL}{run}:{kind}"] = 1
     out[outcome] = 1
-    if rollout.run_id:
-        out[f"run:{rollout.run_id}:{outcome}"] = 1
+    if run:
+        out[f"run:{run}:{outcome}"] = 1
     if rollout.reward is not None and math.isfinite(rollout.reward):
+        passed = rollout.reward >= pass_threshold
         out["reward_sum"] = float(rollout.reward)
         out["reward_n"] = 1
-        if rollout.reward >= pass_threshold:
+        if passed:
             out["passed"] = 1
+        if run:
+            version = f"{RUN_VERSION}{run}:{rollout.policy_version}:"
+            out[version + "n"] = 1
+            out[version + "reward"] = float(rollout.reward)
+            if passed:
+                out[version + "passed"] = 1
     latency = rollout.timings.total_s if math.isfinite(rollout.timings.total_s) else 0.0
     out[LATENCY_FIELDS[latency_bin(latency)]] = 1
     out["lat_sum"] = float(latency)
@@ -195,6 +215,38 @@ def run_rates(bucket: dict[str, float], minutes: float) -> dict[str, dict[str, f
 def run_rate(rates: dict[str, dict[str, float]], run_id: str) -> dict[str, float]:
     """One run's rates from run_rates: zeros for a run that settled nothing in the window."""
     return rates.get(run_id) or {f"{outcome}_per_min": 0.0 for outcome in RUN_OUTCOMES}
+
+
+def run_failures(bucket: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per run id, its failures a bucket counts by kind (its `runfail:<run_id>:<kind>` fields)."""
+    out: dict[str, dict[str, float]] = {}
+    for k, v in bucket.items():
+        if k.startswith(RUN_FAIL):
+            run, _, kind = k[len(RUN_FAIL) :].rpartition(":")
+            if run and kind:
+                kinds = out.setdefault(run, {})
+                kinds[kind] = kinds.get(kind, 0.0) + v
+    return out
+
+
+def run_versions(bucket: dict[str, float]) -> dict[str, dict[int, dict[str, float]]]:
+    """Per run id and policy version, of the rollouts with a reward a bucket counts: how many (`n`),
+    their reward sum (`reward`) and how many passed (`passed`), from its `runpv:` fields."""
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for k, v in bucket.items():
+        if not k.startswith(RUN_VERSION):
+            continue
+        parts = k[len(RUN_VERSION) :].rsplit(":", 2)  # from the right: the run id is the rest
+        if len(parts) != 3 or not parts[0] or parts[2] not in RUN_VERSION_STATS or not _integer(parts[1]):
+            continue
+        run, version, stat = parts
+        stats = out.setdefault(run, {}).setdefault(int(version), dict.fromkeys(RUN_VERSION_STATS, 0.0))
+        stats[stat] += v
+    return out
+
+
+def _integer(s: str) -> bool:
+    return s.lstrip("-").isdigit() and len(s) < 20
 
 
 def window(now: float, minutes: int) -> tuple[list[int], float]:

@@ -80,6 +80,17 @@ class Sampling(msgspec.Struct, forbid_unknown_fields=True):
     stop: Optional[list[str]] = None
 
 
+class Attempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One earlier attempt of a task that failed: which attempt, the worker that ran it, when it
+    ended (epoch seconds), the failure kind and its message (the worker keeps the first 500 chars)."""
+
+    attempt: int
+    worker: str = ""
+    at: float = 0.0
+    kind: str = ""
+    error: str = ""
+
+
 class Task(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     task_id: str
     run_id: str
@@ -93,6 +104,9 @@ class Task(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     attempt: int = 1
     created_at: float
     deadline: Optional[float] = None
+    # The attempts that failed before this one, oldest first (a worker appends one as it retries the
+    # task or dead-letters it; at most max_attempts are kept). Absent in entries older than it.
+    history: list[Attempt] = []
 
     def __post_init__(self) -> None:
         if self.attempt < 1:
@@ -214,6 +228,7 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_id: str = ""
     attempt: int = 1
     finished_at: float = 0.0
+    history: list[Attempt] = []  # the task's failed attempts before this rollout (Task.history)
 
     def __post_init__(self) -> None:
         if self.status in (Status.failed, Status.cancelled) and self.error is None:
@@ -224,6 +239,7 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """A rollout answering `task`, with the identifying fields copied over."""
         fields.setdefault("policy_version", task.policy_version)
         fields.setdefault("attempt", task.attempt)
+        fields.setdefault("history", task.history)
         fields.setdefault("finished_at", time.time())
         return cls(
             task_id=task.task_id,

@@ -1,7 +1,10 @@
 """`farm status`: what every agent's queue, runs and workers look like right now, read from Redis.
 
 Per agent: `queued` is what no worker has taken yet (the runs' queues and the stream's lag,
-farm.state.QueueState.waiting), then `pending`, `lag`, `delayed`, `dead` and the settle counts; per
+farm.state.QueueState.waiting), then `pending` (in flight: delivered to a worker, not yet settled;
+`in_flight` in --json as on the dashboard), `lag` (in the stream, not yet read by a worker: the
+group's lag, or what the stream's length and pending imply before a worker read it, as the
+dashboard and /metrics count it), `delayed`, `dead` and the settle counts; per
 run with tasks queued or in flight, its share, cap, queued, in flight and rollouts done per minute
 over the last one to two minutes (the last full minute's history bucket and the current one's).
 """
@@ -36,6 +39,8 @@ def collect_status(r: redis.Redis, keys: Keys, now: Optional[float] = None) -> d
         agents[agent] = {
             **asdict(q),
             "queued": q.waiting,
+            "in_flight": q.pending,
+            "lag": q.unread,  # the dashboard's lag: never None, so queued == backlog + lag always
             "runs": [{**asdict(run), **history.run_rate(rates, run.run_id)} for run in q.runs],
         }
     return {"agents": agents, "workers": state.live_workers(r, keys).listing()}

@@ -12,8 +12,8 @@ single worker process settle thousands of rollouts a second.
 from __future__ import annotations
 
 import logging
-import random
 import time
+import zlib
 from typing import Any, Iterable, Optional
 
 import redis.asyncio as aioredis
@@ -181,6 +181,16 @@ class AgentStream:
             "promoting due retries",
         )
 
+    async def record_depth(self) -> None:
+        """Write the agent's depth (every task not yet settled: the stream's length plus the backlog's)
+        into this minute's history bucket, as a settle's counts do, in one round trip (BUCKET with no
+        increments): the worker calls it on a clock, so a queue nobody settles from is still charted."""
+        if self.rec.history:
+            await self.outage.call(
+                lambda: self._script("bucket", [self._bucket_key(), self.stream, self._feed_keys[3]], [self.rec.ttl_s]),
+                "recording the queue depth",
+            )
+
     async def _script(self, name: str, keys: list, args: list) -> Any:
         try:
             return await self.r.evalsha(SHAS[name], len(keys), *keys, *args)
@@ -242,14 +252,22 @@ class AgentStream:
         return self._bucket[1]
 
     def reply_op(
-        self, entry_id: str, rollout: schema.Rollout, reply_to: str, fields: Optional[dict] = None
+        self,
+        entry_id: str,
+        rollout: schema.Rollout,
+        reply_to: str,
+        fields: Optional[dict] = None,
+        task_body: Optional[bytes] = None,
     ) -> SettleOp:
         """SETTLE with the rollout; `fields` is its entry when the caller has encoded it already.
-        One rollout in `sample_every` is also kept in the agent's capped sample stream."""
+        One group in `sample_every` is also kept, every rollout of it, in the agent's capped sample
+        stream: chosen by a stable hash of the group id, so each worker keeps the same groups whole.
+        A kept rollout carries its task's body (`t`, when given), so the dashboard shows its prompt."""
         fields = fields or schema.entry(rollout)
         appends: list[tuple] = [(reply_to, fields)]
-        if self.rec.sample_every and random.random() * self.rec.sample_every < 1:
-            appends.append((self.keys.samples(self.agent), fields, self.rec.sample_keep, ""))
+        if self.rec.sample_every and zlib.crc32(rollout.group_id.encode()) % self.rec.sample_every == 0:
+            sample = {**fields, b"t": task_body} if task_body else fields
+            appends.append((self.keys.samples(self.agent), sample, self.rec.sample_keep, ""))
         bucket = history.increments(rollout, self.rec.pass_threshold)
         ids = (rollout.task_id, rollout.run_id)
         if rollout.ok:
@@ -301,6 +319,7 @@ class AgentStream:
             counts: dict[str, float] = {"failed": 1, f"fail:{kind}": 1}
             if ids[1]:
                 counts[f"run:{ids[1]}:failed"] = 1
+                counts[f"{history.RUN_FAIL}{ids[1]}:{kind}"] = 1
             return self.settle_op(entry_id, "dead", kind, appends, bucket=counts, ids=(ids[0], ids[1]))
         # The reply goes first: a bad reply_to is found before the dead letter is written.
         bucket = history.increments(reply[1], self.rec.pass_threshold)

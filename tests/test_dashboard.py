@@ -16,12 +16,14 @@ import redis
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from farm import deadletters, schema
 from farm.client import FarmClient
 from farm.dashboard import data
 from farm.dashboard.app import CSRF_COOKIE, create_app
 from farm.history import LATENCY_EDGES_S, latency_bin
+from farm.status import collect_status
 
-from conftest import in_process_worker, make_settings, wait_for
+from conftest import async_wait_for, in_process_worker, make_settings, wait_for
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 
@@ -231,3 +233,100 @@ async def test_people_get_pages_and_machines_get_json_for_errors(farm):
         api = web.get("/api/history/noop?minutes=abc", headers=html)
         assert api.status_code == 400 and api.json()["detail"].startswith("bad request: minutes")
         assert web.get("/agents/nosuch").json()["detail"].startswith("no agent 'nosuch'")
+
+
+def metric(families: dict, name: str) -> dict:
+    return {tuple(sorted(s.labels.items())): s.value for s in families[name].samples}
+
+
+async def test_status_the_overview_and_metrics_count_the_same(farm):
+    """`farm status --json` said lag None (shown "-") for a stream no worker had read, where the
+    overview said 1; in flight was `pending` there and not in /metrics' help."""
+    settings, r, *_ = farm
+    now = time.time()
+    view = data.overview(r, settings.keys, now=now)["agents"]
+    status = collect_status(r, settings.keys, now=now)["agents"]
+    with TestClient(create_app(settings, r)) as web:
+        families = {f.name: f for f in text_string_to_metric_families(web.get("/metrics").text)}
+    assert set(view) == set(status) == {"noop", "flaky", "idle"}
+    assert (status["idle"]["lag"], view["idle"]["lag"]) == (1, 1), "no worker ever read idle's stream"
+    # the group's lag is nil once settles XDEL entries (and on Redis 6.2 always): `farm status` said "-"
+    assert {a: s["lag"] for a, s in status.items()} == {a: v["lag"] for a, v in view.items()}
+    gauges = {
+        "queued": "farm_queue_depth",
+        "lag": "farm_stream_lag",
+        "in_flight": "farm_in_flight",
+        "delayed": "farm_delayed_retries",
+        "dead": "farm_dead_letters",
+    }
+    for agent, a in view.items():
+        s = status[agent]
+        for key, name in gauges.items():
+            assert s[key] == a[key] == metric(families, name)[(("agent", agent),)], (agent, key)
+        assert s["pending"] == a["in_flight"] and a["queued"] == a["backlog"] + a["lag"]
+        runs = [{k: x[k] for k in ("run_id", "queued", "in_flight", "share", "cap")} for x in a["runs"]]
+        assert runs == [{k: x[k] for k in ("run_id", "queued", "in_flight", "share", "cap")} for x in s["runs"]]
+        ended = metric(families, "farm_rollouts_ended")[(("agent", agent),)]
+        assert ended == a["rollouts"]
+
+
+def test_a_failure_rate_says_its_denominator():
+    assert data.failure_rate_text(0, 0) == "-"
+    assert data.failure_rate_text(1, 1) == "1 of 1"
+    assert data.failure_rate_text(3, 19) == "3 of 19"
+    assert data.failure_rate_text(1, 40) == "2.5% of 40"
+
+
+async def test_a_requeued_dead_letter_that_fails_again_is_not_a_100_percent_failure_rate(redis_url, namespace):
+    """One re-dead-lettered task showed "failure rate 100.0%" as if all of the agent's traffic failed."""
+    settings = make_settings(redis_url, namespace, max_attempts=1)
+    client = FarmClient(settings)
+    task = client.task(run_id="old", agent="flaky", row={"noop": {"fail": "always"}})
+    await client.aclose()
+    r = redis.Redis.from_url(redis_url)
+    dead = settings.keys.dead("flaky")
+    # a letter that died an hour ago: its first failure is long out of the overview's window
+    letter = {"kind": "agent_error", "reason": "failed 1 attempts", "agent": "flaky", "attempts": 1}
+    r.xadd(dead, {**schema.entry(task), **letter, "worker": "gone", "at": time.time() - 3600, "entry_id": "1-0"})
+    r.sadd(settings.keys.agents(), "flaky")
+    async with in_process_worker(settings, agent="flaky"):
+        assert deadletters.requeue(r, settings.keys, "flaky") == 1
+        await async_wait_for(
+            lambda: r.xlen(dead) == 1 and data.overview(r, settings.keys)["agents"]["flaky"]["rollouts"] == 1,
+            timeout=30,
+            what="the requeued task to die again",
+        )
+    with TestClient(create_app(settings, r)) as web:
+        page = web.get("/").text
+    cells = page.split('data-agent="flaky"')[1].split("</tr>")[0]
+    assert '<td data-k="failure_rate">1 of 1</td>' in cells and "100.0%" not in cells, cells
+    row = data.overview(r, settings.keys)["agents"]["flaky"]
+    assert (row["failed"], row["rollouts"], row["failure_rate"]) == (1, 1, 1.0)
+    assert "failed rollouts over the rollouts that\nended (done + failed)" in page
+    r.close()
+
+
+def test_a_sampled_rollout_shows_its_prompt_escaped(redis_url, namespace):
+    """The prompt was never shown; an empty failure label was; the task id is whole."""
+    settings = make_settings(redis_url, namespace)
+    r = redis.Redis.from_url(redis_url)
+    row = {
+        "responses_create_params": {"instructions": "Be <b>brief</b>.", "input": [{"role": "user", "content": HOSTILE}]}
+    }
+    task = schema.Task.new(run_id="collect-4547", agent="noop", row=row, reply_to=settings.keys.results("collect-4547"))
+    out = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "4"}]}]
+    ro = schema.Rollout.for_task(task, status=schema.Status.ok, reward=1.0, output=out)
+    r.sadd(settings.keys.agents(), "noop")
+    with_task = r.xadd(settings.keys.samples("noop"), {**schema.entry(ro), b"t": schema.entry(task)[b"d"]}).decode()
+    without = r.xadd(settings.keys.samples("noop"), schema.entry(ro)).decode()
+    with TestClient(create_app(settings, r)) as web:
+        page = web.get(f"/rollouts/noop/{with_task}").text
+        older = web.get(f"/rollouts/noop/{without}").text
+    prompt = page.split('id="prompt"')[1].split("</ol>")[0]
+    assert 'data-role="system"' in prompt and "Be &lt;b&gt;brief&lt;/b&gt;." in prompt
+    assert 'data-role="user"' in prompt and "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in prompt
+    assert "<script>document.title" not in page and "<img src=x" not in page
+    assert f'<dd id="task-id" class="id">{task.task_id}</dd>' in page
+    assert 'id="failure"' not in page, "no failure label on a rollout that did not fail"
+    assert 'id="no-prompt"' in older and 'id="prompt"' not in older
+    r.close()

@@ -108,7 +108,7 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
             def cell(agent: str, key: str) -> str:
                 return page.inner_text(f'#overview tr[data-agent="{agent}"] td[data-k="{key}"]')
 
-            assert cell("flaky", "dead") == "3" and cell("flaky", "failure_rate") == "100.0%"
+            assert cell("flaky", "dead") == "3" and cell("flaky", "failure_rate") == "3 of 3"
             assert cell("flaky", "failures_by_kind") == "agent_error 3"
             assert cell("idle", "queued") == "6" and cell("idle", "live_workers") == "0"
 
@@ -145,6 +145,7 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
             page.goto(base + hostile)
             assert "<script>document.title='pwned'</script>" in page.inner_text(".turns")
             assert page.title() != "pwned" and not page.query_selector(".turns img")
+            assert page.inner_text('#prompt li[data-role="user"] pre') == HOSTILE, "the prompt it answered, as text"
             assert page.inner_text("#status") == "ok" and page.inner_text("#reward") == "0.0"
 
             page.goto(f"{base}/dead/flaky")

@@ -45,12 +45,16 @@ def test_increments_say_what_one_rollout_adds():
         f"lt:{latency_bin(0.3)}": 1,
         "lat_sum": 0.3,
         "tokens": 50.0,
+        "runpv:r:0:n": 1,
+        "runpv:r:0:reward": 1.0,
+        "runpv:r:0:passed": 1,
     }
     assert history.increments(rollout(0.5), pass_threshold=0.5)["passed"] == 1
     assert "passed" not in history.increments(rollout(0.4), pass_threshold=0.5)
     failed = history.increments(rollout(ok=False, total_s=2.0))
     assert failed["failed"] == 1 and failed["fail:verifier"] == 1 and "reward_n" not in failed
     assert failed["run:r:failed"] == 1 and "run:r:done" not in failed
+    assert failed["runfail:r:verifier"] == 1 and not any(k.startswith("runpv:") for k in failed)
 
 
 def test_each_run_is_counted_under_its_own_fields_and_the_agents_figures_are_unchanged():
@@ -70,6 +74,42 @@ def test_each_run_is_counted_under_its_own_fields_and_the_agents_figures_are_unc
     assert summary(bucket, 2.0) == summary(plain, 2.0) and summary(bucket, 2.0)["done_per_min"] == 4.5
     odd = {**bucket, "run:": 4.0, "run:c": 1.0, "run:c:lat_sum": 2.0, "run::done": 5.0, "depth": 3.0}
     assert history.run_counts(odd) == history.run_counts(bucket)
+
+
+def test_a_runs_failures_by_kind_and_reward_by_policy_version_are_its_own_fields():
+    """What a run page needs (failures by kind; per policy version the rollouts with a reward, their
+    reward sum and passes) is counted per run in fields the agent's readers do not read: the
+    agent's summary and the runs' counts are what they are without them."""
+
+    def versioned(version: int, reward: float, run: str = "a") -> Rollout:
+        x = rollout(reward, run=run)
+        return x.__class__(**{**{f: getattr(x, f) for f in x.__struct_fields__}, "policy_version": version})
+
+    rollouts = [versioned(0, 0.0), versioned(0, 1.0), versioned(1, 1.0), versioned(1, 0.5), versioned(1, 1.0)]
+    rollouts += [versioned(2, 0.25, run="b"), rollout(ok=False, run="a"), rollout(ok=False, run="b")]
+    bucket = merge(history.increments(x, pass_threshold=1.0) for x in rollouts)
+    assert history.run_versions(bucket) == {
+        "a": {0: {"n": 2.0, "reward": 1.0, "passed": 1.0}, 1: {"n": 3.0, "reward": 2.5, "passed": 2.0}},
+        "b": {2: {"n": 1.0, "reward": 0.25, "passed": 0.0}},
+    }
+    assert history.run_failures(bucket) == {"a": {"verifier": 1.0}, "b": {"verifier": 1.0}}
+    plain = {k: v for k, v in bucket.items() if not k.startswith(("runfail:", "runpv:"))}
+    assert len(plain) < len(bucket)
+    assert summary(bucket, 2.0) == summary(plain, 2.0) and history.run_counts(bucket) == history.run_counts(plain)
+    assert summary(bucket, 2.0)["failures_by_kind"] == {"verifier": 2}
+    odd = {
+        **bucket,
+        "runpv:a:x:n": 9.0,
+        "runpv:a:1:bogus": 9.0,
+        "runpv::1:n": 9.0,
+        "runpv:a:1": 9.0,
+        "runfail:a:": 9.0,
+        "runfail:": 9.0,
+    }
+    assert history.run_versions(odd) == history.run_versions(bucket)
+    assert history.run_failures(odd) == history.run_failures(bucket)
+    # a run id is the field's middle, read from the right: one holding ':' (written by hand) stays whole
+    assert history.run_versions({"runpv:x:y:4:n": 2.0}) == {"x:y": {4: {"n": 2.0, "reward": 0.0, "passed": 0.0}}}
 
 
 def test_percentiles_are_estimates_within_a_bin_of_the_truth():

@@ -104,3 +104,35 @@ def test_salvage_reads_identity_from_entries_strict_decoding_rejects():
 def test_error_kinds_print_as_plain_words():
     assert str(ErrorKind.max_attempts) == "max_attempts"
     assert f"{Status.truncated}" == "truncated"
+
+
+def test_a_task_and_a_rollout_written_before_history_existed_still_decode():
+    """Entries in Redis from before Task.history and Rollout.history (no such key) decode, with none."""
+    task = make_task()
+    raw = msgspec.msgpack.decode(schema.encode(task))
+    del raw["history"]
+    old = schema.decode_task({b"v": b"1", b"d": msgspec.msgpack.encode(raw)})
+    assert old.history == [] and old == task
+    rollout = Rollout.for_task(task, status=Status.ok, reward=1.0)
+    raw = msgspec.msgpack.decode(schema.encode(rollout))
+    del raw["history"]
+    back = schema.decode_rollout({b"v": b"1", b"d": msgspec.msgpack.encode(raw)})
+    assert back.history == [] and back == rollout
+
+
+def test_a_tasks_attempt_history_round_trips_and_rides_on_its_rollout():
+    earlier = [
+        schema.Attempt(attempt=1, worker="w-1", at=100.5, kind="agent_error", error="boom"),
+        schema.Attempt(attempt=2, worker="w-2", at=101.0, kind="timeout", error="too slow"),
+    ]
+    task = msgspec.structs.replace(make_task(), attempt=3, history=earlier)
+    back = schema.decode_task(schema.entry(task))
+    assert back.history == earlier and back.history[1].worker == "w-2"
+    rollout = schema.decode_rollout(schema.entry(Rollout.for_task(back, status=Status.ok, reward=1.0)))
+    assert rollout.history == earlier and rollout.attempt == 3
+    failed = Rollout.failure(back, ErrorKind.agent_error, "gave up")
+    assert failed.history == earlier
+    raw = msgspec.msgpack.decode(schema.encode(task))
+    raw["history"][0]["surprise"] = 1
+    with pytest.raises(MalformedEntry, match="surprise"):
+        schema.decode_task({b"v": b"1", b"d": msgspec.msgpack.encode(raw)})

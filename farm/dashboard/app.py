@@ -48,7 +48,10 @@ async def security_headers(request: Request, call_next: Callable[[Request], Awai
     return resp
 
 
-async def redis_down(request: Request, exc: Exception) -> PlainTextResponse:
+async def redis_down(request: Request, exc: Exception) -> Response:
+    """503: a page for a person (its script keeps trying, so the page recovers), one line for the rest."""
+    if _for_a_person(request):
+        return _answer(request, 503, f"farm dashboard: {exc}")
     return PlainTextResponse(f"farm dashboard: {exc}", status_code=503)
 
 

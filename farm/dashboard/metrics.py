@@ -26,14 +26,26 @@ GAUGES = {
         "queued",
     ),
     "farm_backlog": ("Tasks queued in the agent's run queues, not yet in its stream (the list KEDA reads).", "backlog"),
-    "farm_in_flight": ("Tasks delivered to a worker and not yet settled.", "in_flight"),
+    "farm_stream_lag": (
+        "Tasks in the agent's stream not yet read by a worker (part of farm_queue_depth; farm status: lag).",
+        "lag",
+    ),
+    "farm_in_flight": ("Tasks delivered to a worker and not yet settled (farm status: pending).", "in_flight"),
     "farm_delayed_retries": ("Failed attempts waiting out their backoff.", "delayed"),
     "farm_dead_letters": ("Dead letters kept in the agent's dead-letter stream.", "dead"),
     "farm_live_workers": ("Worker processes with a fresh heartbeat.", "live_workers"),
     "farm_rollouts_per_minute": ("Rollouts that ended ok or truncated, per minute.", "done_per_min"),
     "farm_failed_per_minute": ("Rollouts that failed, per minute.", "failed_per_min"),
     "farm_cancelled_per_minute": ("Rollouts of tasks a client cancelled, per minute.", "cancelled_per_min"),
-    "farm_failure_rate": ("Failed rollouts over all that ended.", "failure_rate"),
+    "farm_failure_rate": (
+        "Failed rollouts over the rollouts that ended (done + failed) in the window; NaN when none ended. "
+        "Every end counts: a requeued dead letter that fails again counts again (denominator: farm_rollouts_ended).",
+        "failure_rate",
+    ),
+    "farm_rollouts_ended": (
+        "Rollouts that ended (done or failed) in the window: farm_failure_rate's denominator.",
+        "rollouts",
+    ),
     "farm_reward_mean": ("Mean reward of the rollouts that have one.", "mean_reward"),
     "farm_pass_rate": ("Share of rewarded rollouts at or above pass_threshold.", "pass_rate"),
     "farm_tokens_per_second": ("Completion tokens per second.", "tokens_per_s"),

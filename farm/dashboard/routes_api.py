@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from farm.dashboard import data
+from farm.dashboard import data, data_agent
 from farm.dashboard.deps import Config, Read
 
 router = APIRouter()
@@ -18,7 +18,7 @@ def overview_api(read: Read) -> JSONResponse:
 
 @router.get("/api/history/{agent}")
 def history_api(agent: str, read: Read, settings: Config, minutes: int = 180) -> JSONResponse:
-    return JSONResponse(read(data.series, read.agent(agent), max(1, min(minutes, settings.history_ttl_s // 60))))
+    return JSONResponse(read(data_agent.series, read.agent(agent), max(1, min(minutes, settings.history_ttl_s // 60))))
 
 
 @router.get("/healthz")

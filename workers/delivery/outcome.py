@@ -21,7 +21,7 @@ import msgspec
 from farm import schema
 from farm.cancel import Cancels
 from farm.errors import RolloutFailure, SchemaError
-from farm.schema import ErrorKind, Rollout, Task
+from farm.schema import Attempt, ErrorKind, Rollout, Task
 from farm.scripts import SettleOp
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream
@@ -29,6 +29,7 @@ from farm.transport import backoff_delay
 from workers.loops.context import Agent, AgentContext
 
 log = logging.getLogger("farm.worker")
+ERROR_CHARS = 500  # of a failed attempt's message kept in the task's history (Task.history)
 
 
 class Outcomes:
@@ -134,8 +135,9 @@ class Outcomes:
             )
         finally:
             self.running.pop(task.task_id, None)
-        rollout, fields = self._fit(self._stamp(rollout, task, attempt, picked), task)
-        return st.reply_op(entry_id, rollout, task.reply_to, fields)
+        task_body = fields.get(b"d")  # kept beside a sampled rollout: the dashboard shows its prompt
+        rollout, out = self._fit(self._stamp(rollout, task, attempt, picked), task)
+        return st.reply_op(entry_id, rollout, task.reply_to, out, task_body=task_body)
 
     def _fit(self, rollout: Rollout, task: Task) -> tuple[Rollout, dict]:
         """The rollout and its entry; one too big for any consumer to accept becomes a failure that says so."""
@@ -169,9 +171,8 @@ class Outcomes:
             message = f"cancelled; its last attempt had failed: {message}"
             return self._cancelled_op(entry_id, task, attempt, picked, message)
         if attempt >= s.max_attempts:
-            return self._give_up(
-                entry_id, fields, task, kind, f"failed {attempt} attempts; last: {message}", attempt, picked
-            )
+            reason = f"failed {attempt} attempts; last: {message}"
+            return self._give_up(entry_id, fields, task, kind, reason, attempt, picked, error=message)
         delay = backoff_delay(s.retry_backoff_s, s.retry_backoff_max_s, attempt - 1)
         log.info(
             "retrying task",
@@ -183,14 +184,33 @@ class Outcomes:
                 "delay_s": round(delay, 3),
             },
         )
-        retry = msgspec.structs.replace(task, attempt=attempt + 1)
+        retry = msgspec.structs.replace(self._remember(task, attempt, kind, message), attempt=attempt + 1)
         return self.stream.retry_op(entry_id, retry, time.time() + delay, kind)
 
+    def _remember(self, task: Task, attempt: int, kind: str, message: str) -> Task:
+        """The task with this failed attempt added to its history (the newest max_attempts kept)."""
+        seen = Attempt(
+            attempt=attempt, worker=self.worker_id, at=time.time(), kind=str(kind), error=message[:ERROR_CHARS]
+        )
+        return msgspec.structs.replace(task, history=[*task.history, seen][-self.settings.max_attempts :])
+
     def _give_up(
-        self, entry_id: str, fields: dict, task: Task, kind: str, reason: str, attempt: int, picked: float
+        self,
+        entry_id: str,
+        fields: dict,
+        task: Task,
+        kind: str,
+        reason: str,
+        attempt: int,
+        picked: float,
+        error: str = "",
     ) -> SettleOp:
+        """A dead letter holding the task with every attempt in its history, the last one (`error`,
+        else the reason) included; the failed rollout sent to the waiter carries the same history."""
         log.error("dead-lettering task", extra={"task_id": task.task_id, "kind": str(kind), "reason": reason})
+        task = self._remember(task, attempt, kind, error or reason)
         rollout = self._stamp(Rollout.failure(task, kind, reason), task, attempt, picked)
+        fields = {**fields, **schema.entry(task)}
         return self.stream.dead_op(entry_id, fields, str(kind), reason, attempt, (task.reply_to, rollout))
 
     def _salvage_reply(self, fields: dict, exc: SchemaError) -> Optional[tuple[str, Rollout]]:

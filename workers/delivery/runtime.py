@@ -4,7 +4,7 @@ Concurrency has an explicit bound: the fetch loop asks Redis for exactly as many
 there are free slots (first reclaiming idle ones from dead workers, then new ones), so
 backpressure reaches the queue and a worker never hoards work. Beside it, a maintenance
 loop renews the lease of in-flight tasks, moves due retries back into the stream and
-refreshes the heartbeat.
+refreshes the heartbeat and, every DEPTH_EVERY_S, the agent's queue depth in its history.
 
 Each task ends in exactly one settle step (see farm.streams): a rollout to reply_to, a delayed
 retry with jittered exponential backoff, after max_attempts a dead letter plus a `failed`
@@ -40,13 +40,7 @@ from typing import Optional
 
 from farm.cancel import Cancels
 from farm.connection import connect
-from farm.errors import (
-    ConfigError,
-    FarmError,
-    RedisAuthError,
-    RedisUnavailable,
-    TransportError,
-)
+from farm.errors import ConfigError, FarmError, RedisAuthError, RedisUnavailable, TransportError
 from farm.history import Recording
 from farm.policy_version import PolicyVersions
 from farm.scripts import NOT_PENDING
@@ -63,6 +57,7 @@ from workers.loops.context import Agent, AgentContext
 log = logging.getLogger("farm.worker")
 
 SAME_STOP_S = 1.0  # stop signals this close together are one request, not a second (forcing) one
+DEPTH_EVERY_S = 10.0  # how often the maintenance loop writes the agent's queue depth into its history
 
 
 def new_worker_id(agent: str) -> str:
@@ -321,7 +316,7 @@ class Worker:
     async def _maintenance(self) -> None:
         s = self.settings
         beat_every = s.heartbeat_ttl_s / 3
-        next_beat = 0.0
+        next_beat = next_depth = 0.0
         next_renew = time.monotonic() + s.lease_renew_s
         next_prune = time.monotonic() + min(60.0, s.consumer_idle_s)
         summary = Summary(time.monotonic() + s.summary_every_s)
@@ -331,6 +326,9 @@ class Worker:
                 if now >= next_beat:
                     next_beat = now + beat_every
                     await self.outage.call(self._heartbeat, "refreshing the heartbeat")
+                if now >= next_depth:  # on a clock, not at settles: a queue nobody settles from is charted too
+                    next_depth = now + DEPTH_EVERY_S
+                    await self.stream.record_depth()
                 if now >= summary.due:
                     summary.log(self, now, s.summary_every_s)
                 if now >= next_prune:

@@ -1,84 +1,142 @@
-// Refreshes the overview (agents, and their runs) from /api/overview every 5 s. Values are written
-// with textContent, never as markup: agent names, run ids and failure kinds are shown as text
-// whatever they hold.
+// Every page refreshes itself: every few seconds (main's data-refresh-s, 5 by default; 0: never) it
+// fetches its own URL again and puts the new page's <main> in place of the old one, keeping the scroll
+// positions and open <details>. The new page is parsed by DOMParser (its scripts never run) and
+// nothing is ever written as markup here, so whatever a model wrote stays text. A refresh is skipped
+// while someone uses a form field (it has the focus, or something typed in it) or selects text.
+// A refresh that fails (no answer, a 5xx such as the dashboard's 503 "Redis unavailable", a 4xx)
+// shows a banner "not updated since HH:MM:SS: <reason>" until one succeeds. After each refresh the
+// document gets a "farm:refreshed" event, for a page's own script to bind to its new elements.
 "use strict";
 (function () {
-  const table = document.getElementById("overview");
-  if (!table) return;
-  const pct = (v) => (v === null ? "-" : (100 * v).toFixed(1) + "%");
-  const num = (v, d) => (v === null || v === undefined ? "-" : Number(v).toFixed(d));
-  const show = {
-    queued: (a) => String(a.queued), in_flight: (a) => String(a.in_flight), lag: (a) => String(a.lag),
-    delayed: (a) => String(a.delayed), dead: (a) => String(a.dead),
-    done_per_min: (a) => num(a.done_per_min, 1), failed_per_min: (a) => num(a.failed_per_min, 1),
-    cancelled_per_min: (a) => num(a.cancelled_per_min, 1),
-    failure_rate: (a) => pct(a.failure_rate),
-    failures_by_kind: (a) => Object.entries(a.failures_by_kind).map(([k, n]) => k + " " + n).join(", "),
-    mean_reward: (a) => num(a.mean_reward, 3), pass_rate: (a) => pct(a.pass_rate),
-    latency_p50_s: (a) => (a.latency_p50_s === null ? "-" : String(a.latency_p50_s)),
-    latency_p99_s: (a) => (a.latency_p99_s === null ? "-" : String(a.latency_p99_s)),
-    tokens_per_s: (a) => num(a.tokens_per_s, 1), live_workers: (a) => String(a.live_workers),
-  };
-  const runShow = {
-    run_id: (x) => String(x.run_id), share: (x) => String(x.share), cap: (x) => (x.cap ? String(x.cap) : "-"),
-    queued: (x) => String(x.queued), in_flight: (x) => String(x.in_flight),
-    done_per_min: (x) => num(x.done_per_min, 1), failed_per_min: (x) => num(x.failed_per_min, 1),
-  };
-  const runs = document.getElementById("runs");
-  function cell(text) { const td = document.createElement("td"); td.textContent = text; return td; }
-  function link(href, text) { const a = document.createElement("a"); a.href = href; a.textContent = text; return a; }
-  function row(name, a) {
-    const tr = document.createElement("tr");
-    tr.dataset.agent = name;
-    const first = document.createElement("td");
-    first.className = "name";
-    first.appendChild(link("/agents/" + encodeURIComponent(name), name));
-    tr.appendChild(first);
-    for (const key of Object.keys(show)) { const td = cell(show[key](a)); td.dataset.k = key; tr.appendChild(td); }
-    const last = document.createElement("td");
-    last.appendChild(link("/rollouts/" + encodeURIComponent(name), "rollouts"));
-    last.appendChild(document.createTextNode(" "));
-    last.appendChild(link("/dead/" + encodeURIComponent(name), "dead"));
-    tr.appendChild(last);
-    return tr;
+  const main = () => document.querySelector("main");
+  const banner = document.getElementById("stale");
+  const stamp = document.getElementById("updated");
+  const every = Number((main() && main().dataset.refreshS) || 5);
+  if (!main() || !(every > 0)) return;
+  const TIMEOUT_MS = Math.max(4000, every * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  const clock = (d) => two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds());
+  let good = new Date();
+  if (stamp) stamp.textContent = clock(good);
+
+  // A select someone changed: with no option marked selected in the page, the first one is its default.
+  function changedSelect(f) {
+    const options = [...f.options];
+    if (f.multiple) return options.some((o) => o.selected !== o.defaultSelected);
+    const marked = options.findIndex((o) => o.defaultSelected);
+    return f.selectedIndex !== (marked >= 0 ? marked : f.size > 1 ? -1 : 0);
   }
-  function runRow(name, x) {
-    const tr = document.createElement("tr");
-    tr.dataset.agent = name;
-    tr.dataset.run = x.run_id;
-    const first = document.createElement("td");
-    first.className = "name";
-    first.appendChild(link("/agents/" + encodeURIComponent(name), name));
-    tr.appendChild(first);
-    for (const key of Object.keys(runShow)) {
-      const td = cell(runShow[key](x));
-      td.dataset.k = key;
-      if (key === "run_id") td.className = "name";
-      tr.appendChild(td);
+
+  function busy() {
+    const m = main();
+    const active = document.activeElement;
+    if (active && m.contains(active) && active.matches("input, textarea, select, [contenteditable]")) return true;
+    for (const f of m.querySelectorAll("input, textarea, select")) {
+      const type = (f.type || "").toLowerCase();
+      if (["hidden", "submit", "button", "reset", "image"].includes(type)) continue;
+      if (type === "checkbox" || type === "radio") { if (f.checked !== f.defaultChecked) return true; continue; }
+      if (f.tagName === "SELECT") { if (changedSelect(f)) return true; continue; }
+      if (f.value !== f.defaultValue) return true;
     }
-    return tr;
+    const sel = window.getSelection && window.getSelection();
+    return Boolean(sel && !sel.isCollapsed && sel.anchorNode && m.contains(sel.anchorNode));
   }
-  function runBody(view) {
-    const body = document.createElement("tbody");
-    for (const [name, a] of Object.entries(view.agents)) for (const x of a.runs || []) body.appendChild(runRow(name, x));
-    if (!body.rows.length) {
-      const td = cell("no run has tasks queued or in flight");
-      td.colSpan = 8;
-      body.appendChild(document.createElement("tr")).appendChild(td);
-    }
-    return body;
+
+  function stale(reason) {
+    if (!banner) return;
+    banner.textContent = "not updated since " + clock(good) + ": " + reason;
+    banner.hidden = false;
   }
-  async function refresh() {
+
+  function fresh() {
+    good = new Date();
+    if (stamp) stamp.textContent = clock(good);
+    if (banner) { banner.hidden = true; banner.textContent = ""; }
+  }
+
+  // Where each scrolled box in main is, by its position among main's boxes that can scroll.
+  const BOXES = "table, pre, div, ol, ul, details";
+  function remember(m) {
+    return {
+      boxes: [...m.querySelectorAll(BOXES)].map((el) => [el.scrollLeft, el.scrollTop]),
+      open: [...m.querySelectorAll("details")].map((el) => el.open),
+      x: window.scrollX, y: window.scrollY,
+    };
+  }
+  function restore(m, was) {
+    m.querySelectorAll("details").forEach((el, i) => { if (i < was.open.length) el.open = was.open[i]; });
+    m.querySelectorAll(BOXES).forEach((el, i) => {
+      const at = was.boxes[i];
+      if (at && (at[0] || at[1])) { el.scrollLeft = at[0]; el.scrollTop = at[1]; }
+    });
+    window.scrollTo(was.x, was.y);
+  }
+
+  async function reason(resp) {
+    let said = "";
     try {
-      const resp = await fetch("/api/overview", { cache: "no-store" });
-      if (!resp.ok) return;
-      const view = await resp.json();
-      const body = document.createElement("tbody");
-      for (const [name, a] of Object.entries(view.agents)) body.appendChild(row(name, a));
-      table.replaceChild(body, table.tBodies[0]);
-      if (runs) runs.replaceChild(runBody(view), runs.tBodies[0]);
-      document.getElementById("updated").textContent = new Date(view.at * 1000).toLocaleTimeString();
-    } catch (e) { /* the next refresh tries again */ }
+      const body = await resp.text();
+      if ((resp.headers.get("content-type") || "").includes("text/html")) {
+        const doc = new DOMParser().parseFromString(body, "text/html");
+        const el = doc.getElementById("error") || doc.querySelector("main") || doc.body;
+        said = el ? el.textContent : "";
+      } else {
+        said = body;
+      }
+    } catch (e) { /* the status says enough */ }
+    said = said.replace(/\s+/g, " ").trim().slice(0, 300);
+    return resp.status + " " + (resp.statusText || "") + (said ? ": " + said : "");
   }
-  setInterval(refresh, 5000);
+
+  let running = false;
+  async function refresh() {
+    if (running || document.hidden || busy()) return;
+    running = true;
+    try { await once(); } finally { running = false; }
+  }
+
+  async function once() {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), TIMEOUT_MS);
+    let resp;
+    try {
+      resp = await fetch(window.location.href, {
+        cache: "no-store", credentials: "same-origin", headers: { Accept: "text/html" }, signal: abort.signal,
+      });
+    } catch (e) {
+      clearTimeout(timer);
+      stale(abort.signal.aborted ? "no answer in " + TIMEOUT_MS / 1000 + " s" : "the dashboard does not answer (" + e.message + ")");
+      return;
+    }
+    try {
+      if (!resp.ok) {
+        // an error page that is still the same error needs no banner: it says what is wrong
+        if (!main().querySelector("#error")) stale((await reason(resp)).replace(/\s+:/, ":"));
+        return;
+      }
+      const doc = new DOMParser().parseFromString(await resp.text(), "text/html");
+      const next = doc.querySelector("main");
+      if (!next) { stale("the answer held no page"); return; }
+      if (busy()) return; // someone started typing while it loaded
+      const old = main();
+      const was = remember(old);
+      const adopted = document.adoptNode(next);
+      old.replaceWith(adopted);
+      restore(adopted, was);
+      if (doc.title) document.title = doc.title;
+      fresh();
+      document.dispatchEvent(new CustomEvent("farm:refreshed"));
+    } catch (e) {
+      stale(abort.signal.aborted ? "no answer in " + TIMEOUT_MS / 1000 + " s" : "could not read the answer (" + e.message + ")");
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async function loop() {
+    await refresh();
+    setTimeout(loop, every * 1000);
+  }
+  document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
+  setTimeout(loop, every * 1000);
 })();
