@@ -1,10 +1,12 @@
 """A cancel stops the generation on the real vLLM server, not only the farm's wait for it.
 
 A real `farm worker` runs single_tool_call rows against the session's vLLM with `ignore_eos`
-(an agent sampling override), so each generation runs to max_tokens: over a minute for
-SmolLM2 on this CPU. vLLM's own Prometheus metrics are the evidence. The shared server is
-started without `--enable-log-requests`, so it logs no "Aborted request(s) ..." line; the
-metrics show the abort instead: `vllm:num_requests_running` falls to 0 and
+(an agent sampling override), so each generation runs to max_tokens, the ~980 tokens the
+1,024-token context leaves. Alone on this machine vLLM generates that in about 3 s for three
+requests at once (the control window of 4 s then saw them end by themselves), so eight run at
+once, which keeps each going well past the 2 s control window. vLLM's own Prometheus metrics
+are the evidence. The shared server is started without `--enable-log-requests`, so it logs no
+"Aborted request(s) ..." line; the metrics show the abort instead: `vllm:num_requests_running` falls to 0 and
 `vllm:generation_tokens_total` stops growing, seconds after the cancel, where the uncancelled
 control window before it shows the same requests running and producing tokens.
 """
@@ -28,8 +30,8 @@ from conftest import async_wait_for, spawn_worker, stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-N = 3
-CONTROL_S = 4.0  # how long the uncancelled generations are watched running
+N = 8
+CONTROL_S = 2.0  # how long the uncancelled generations are watched running
 STOPPED_WITHIN_S = 3.0  # from the cancel to vLLM running nothing
 
 
@@ -50,7 +52,9 @@ def test_a_cancelled_generation_is_aborted_on_the_vllm_server(settings, vllm, mo
         yaml.safe_dump({"agents": {"single_tool_call": {"env": "single_tool_call", "sampling": {"ignore_eos": True}}}})
     )
     env = policy_env(vllm.url, vllm.served_model_name, model_dir)
-    proc = spawn_worker(settings, "--agent", "single_tool_call", "--concurrency", "4", FARM_CONFIG=str(config), **env)
+    proc = spawn_worker(
+        settings, "--agent", "single_tool_call", "--concurrency", str(N), FARM_CONFIG=str(config), **env
+    )
 
     def running() -> float:
         return metric(vllm.url, "vllm:num_requests_running")
