@@ -35,6 +35,7 @@ truth and usually much closer). Latencies past the last edge read as that edge.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -82,8 +83,20 @@ def latency_bin(seconds: float) -> int:
     return bisect.bisect_left(LATENCY_EDGES_S, seconds)
 
 
+@functools.lru_cache(maxsize=4096)
+def _run_fields(run: str, outcome: str) -> str:
+    return f"run:{run}:{outcome}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _version_fields(run: str, version: int) -> tuple[str, str, str]:
+    prefix = f"{RUN_VERSION}{run}:{version}:"
+    return prefix + "n", prefix + "reward", prefix + "passed"
+
+
 def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float]:
-    """What one settled rollout adds to its minute's bucket: counts as int, sums as float (finite)."""
+    """What one settled rollout adds to its minute's bucket: counts as int, sums as float (finite).
+    A run's field names are built once per run (and version), not once per rollout."""
     out: dict[str, float] = {}
     run = rollout.run_id
     if rollout.ok:
@@ -98,7 +111,7 @@ def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float
             out[f"{RUN_FAIL}{run}:{kind}"] = 1
     out[outcome] = 1
     if run:
-        out[f"run:{run}:{outcome}"] = 1
+        out[_run_fields(run, outcome)] = 1
     if rollout.reward is not None and math.isfinite(rollout.reward):
         passed = rollout.reward >= pass_threshold
         out["reward_sum"] = float(rollout.reward)
@@ -106,11 +119,11 @@ def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float
         if passed:
             out["passed"] = 1
         if run:
-            version = f"{RUN_VERSION}{run}:{rollout.policy_version}:"
-            out[version + "n"] = 1
-            out[version + "reward"] = float(rollout.reward)
+            n_key, reward_key, passed_key = _version_fields(run, rollout.policy_version)
+            out[n_key] = 1
+            out[reward_key] = float(rollout.reward)
             if passed:
-                out[version + "passed"] = 1
+                out[passed_key] = 1
     latency = rollout.timings.total_s if math.isfinite(rollout.timings.total_s) else 0.0
     out[LATENCY_FIELDS[latency_bin(latency)]] = 1
     out["lat_sum"] = float(latency)

@@ -160,6 +160,9 @@ async def test_every_number_on_a_run_page_is_what_was_settled(farm):
         assert shown["mean_reward"] == f"{sum(rs) / len(rs):.3f}", (v, shown)
         assert shown["pass_rate"] == f"{100 * sum(x >= 1.0 for x in rs) / len(rs):.1f}%", (v, shown)
     assert text.count("<svg") == 2 and "by policy version: mean reward, pass rate" in text
+    curve_svg = text.split('data-chart="by policy version')[1].split("</svg>")[0]
+    assert ">v0<" in curve_svg and ">v3<" in curve_svg and "UTC" not in curve_svg, "versions on x, not clock times"
+    assert 'class="hover" fill="transparent"' in curve_svg, "hover columns drawn invisible without a stylesheet"
 
     with TestClient(create_app(settings, r)) as web:
         before = time.time()

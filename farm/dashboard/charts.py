@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from markupsafe import Markup, escape
 
@@ -99,9 +99,11 @@ def _shown(v: Optional[float]) -> str:
     return _fmt(v) if v is not None and math.isfinite(v) else "-"
 
 
-def _hover(minute: int, now_minute: Optional[int], lines: dict[str, Sequence[Optional[float]]], j: int) -> str:
-    """A minute's hover title: its time, then each series' value ('-': none that minute)."""
-    head = f"{clock(minute)} UTC" + (" (so far)" if minute == now_minute else "")
+def _hover(
+    minute: int, now_minute: Optional[int], lines: dict[str, Sequence[Optional[float]]], j: int, label: str
+) -> str:
+    """A minute's hover title: its time (or other x label), then each series' value ('-': none that minute)."""
+    head = label + (" (so far)" if minute == now_minute else "")
     rows = [f"{name}: {_shown(s[j] if j < len(s) else None)}" for name, s in lines.items()]
     return "\n".join([head, *rows])
 
@@ -113,9 +115,14 @@ def line_chart(
     *,
     now_minute: Optional[int] = None,
     empty: str = "no data in this window",
+    x_label: Optional[Callable[[int], str]] = None,
+    x_unit: str = "per minute, UTC",
 ) -> Markup:
     """One chart: a line per named series over consecutive epoch minutes (None: no value that minute).
-    `now_minute`, the minute still going on, is marked "so far" in its hover title."""
+    `now_minute`, the minute still going on, is marked "so far" in its hover title. Another whole
+    number on x (a policy version) takes its own `x_label` and `x_unit`."""
+    label = x_label or (lambda m: f"{clock(m)} UTC")
+    tick = x_label or clock
     minutes = list(minutes)
     first = minutes[0] if minutes else 0
     n = minutes[-1] - first + 1 if minutes else 1
@@ -134,17 +141,20 @@ def line_chart(
         f'<svg class="chart" viewBox="0 0 {W} {height:.0f}" role="img" aria-label="{escape(title)}"'
         f' data-chart="{escape(title)}" xmlns="http://www.w3.org/2000/svg">',
         f'<text x="{LEFT}" y="14" class="chart-title">{escape(title)}</text>',
-        f'<text x="{RIGHT}" y="14" class="tick" text-anchor="end">per minute, UTC</text>',
+        f'<text x="{RIGHT}" y="14" class="tick" text-anchor="end">{escape(x_unit)}</text>',
     ]
     for t in yticks:
         parts.append(f'<line x1="{LEFT}" y1="{y(t):.1f}" x2="{RIGHT}" y2="{y(t):.1f}" class="grid"/>')
         parts.append(f'<text x="{LEFT - 5}" y="{y(t) + 3.5:.1f}" class="tick y" text-anchor="end">{_fmt(t)}</text>')
     parts.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{BOTTOM}" class="axis"/>')
     parts.append(f'<line x1="{LEFT}" y1="{BOTTOM}" x2="{RIGHT}" y2="{BOTTOM}" class="axis"/>')
-    for b in x_ticks(first, n):
-        bx = LEFT + (b - first) * slot
+    # Minutes are spans (a tick on the boundary where one starts); other x values are points (a tick under each).
+    marks = x_ticks(first, n) if x_label is None else [b for b in x_ticks(first, n) if b < first + n]
+    for b in marks:
+        bx = LEFT + (b - first + (0.5 if x_label is not None else 0.0)) * slot
         parts.append(f'<line x1="{bx:.1f}" y1="{BOTTOM}" x2="{bx:.1f}" y2="{BOTTOM + 4}" class="axis"/>')
-        parts.append(f'<text x="{bx:.1f}" y="{BOTTOM + 16}" class="tick x" text-anchor="middle">{clock(b)}</text>')
+        label_x = escape(tick(b))
+        parts.append(f'<text x="{bx:.1f}" y="{BOTTOM + 16}" class="tick x" text-anchor="middle">{label_x}</text>')
     for i, (name, series) in enumerate(lines.items()):
         colour = COLOURS[i % len(COLOURS)]
         points = [(x(m), y(v)) if v is not None and math.isfinite(v) else None for m, v in zip(minutes, series)]
@@ -162,8 +172,9 @@ def line_chart(
         )
     for j, m in enumerate(minutes):
         parts.append(
-            f'<rect class="hover" x="{LEFT + (m - first) * slot:.1f}" y="{TOP}" width="{slot:.2f}"'
-            f' height="{BOTTOM - TOP}"><title>{escape(_hover(m, now_minute, lines, j))}</title></rect>'
+            f'<rect class="hover" fill="transparent" x="{LEFT + (m - first) * slot:.1f}" y="{TOP}"'
+            f' width="{slot:.2f}" height="{BOTTOM - TOP}">'
+            f"<title>{escape(_hover(m, now_minute, lines, j, label(m)))}</title></rect>"
         )
     for i, (shown, lx, ly) in enumerate(legend):
         colour = COLOURS[i % len(COLOURS)]

@@ -49,6 +49,8 @@ def run_page(request: Request, run_id: str, read: Read, page: Page, settings: Co
             "by policy version: mean reward, pass rate",
             versions,
             {"mean reward": [c["mean_reward"] for c in x["curve"]], "pass rate": [c["pass_rate"] for c in x["curve"]]},
+            x_label=lambda v: f"v{v}",
+            x_unit="by policy version",
         ),
         "rate": line_chart(
             "rollouts per minute", minutes, {k: [p[k] for p in x["per_minute"]] for k in data_runs.OUTCOMES}
