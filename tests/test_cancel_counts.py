@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from farm import history
 from farm.client import FarmClient
 from farm.connection import connect
-from farm.dashboard import data
+from farm.dashboard import data, data_agent
 from farm.dashboard.app import create_app
 from farm.schema import Rollout, decode_task
 from farm.status import run_status
@@ -106,7 +106,7 @@ async def test_the_dashboard_counts_cancelled_apart_from_done_and_failed(farm):
     assert noop["done_per_min"] == pytest.approx(2 / span) and noop["failed_per_min"] == pytest.approx(1 / span)
     assert noop["failure_rate"] == pytest.approx(1 / 3), "a cancel is not a failure"
     assert noop["counters"]["cancelled"] == 3
-    points = data.series(r, settings.keys, "noop", 5)["points"]
+    points = data_agent.series(r, settings.keys, "noop", 5)["points"]
     assert sum(p["cancelled"] for p in points) == 3 and sum(p["failed"] for p in points) == 1
 
     with TestClient(create_app(settings, r)) as web:
@@ -115,7 +115,7 @@ async def test_the_dashboard_counts_cancelled_apart_from_done_and_failed(farm):
         hist = web.get("/api/history/noop?minutes=5").json()["points"]
         assert sum(p["cancelled"] for p in hist) == 3
         home = web.get("/").text
-        assert "<th>cancelled/min</th>" in home
+        assert "<th>cancelled/<wbr>min</th>" in home
         shown = float(home.split('data-k="cancelled_per_min">')[1].split("<")[0])
         assert shown == pytest.approx(3 / span, abs=0.1)
         assert ">cancelled</text>" in web.get("/agents/noop").text, "the rollouts-per-minute chart's legend"

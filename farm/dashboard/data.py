@@ -20,7 +20,7 @@ import redis
 from farm import history, schema, state
 from farm.deadletters import STREAM_ID
 from farm.errors import SchemaError
-from farm.keys import Keys, text
+from farm.keys import Keys
 
 OVERVIEW_MINUTES = 5  # the window of the overview's rates, percentiles and means
 # Under this many rollouts ended in the window the failure rate is shown as its counts ("1 of 1"),
@@ -93,47 +93,8 @@ def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min
     }
 
 
-def series(r: redis.Redis, keys: Keys, agent: str, minutes: int = 180, now: Optional[float] = None) -> dict:
-    """Per-minute history of one agent for the charts: throughput (done, failed, cancelled), failures by
-    kind, reward, latency."""
-    now = time.time() if now is None else now
-    span, _ = history.window(now, minutes)
-    points = []
-    for m, bucket in zip(span, history.buckets(r, keys, agent, span)):
-        s = history.summary(bucket, 1.0)
-        points.append(
-            {
-                "minute": m,
-                "done": int(bucket.get("done", 0)),
-                "depth": int(bucket["depth"]) if "depth" in bucket else None,
-                "failed": int(bucket.get("failed", 0)),
-                "cancelled": int(bucket.get("cancelled", 0)),
-                "failures_by_kind": s["failures_by_kind"],
-                "mean_reward": s["mean_reward"],
-                "pass_rate": s["pass_rate"],
-                "latency_p50_s": s["latency_p50_s"],
-                "latency_p99_s": s["latency_p99_s"],
-                "tokens_per_s": s["tokens_per_s"],
-            }
-        )
-    return {"agent": agent, "points": points}
-
-
-def rollouts(r: redis.Redis, keys: Keys, agent: str, count: int = 50, *, max_entry_bytes: int) -> list[dict]:
-    """The newest sampled rollouts of an agent, as one-line summaries."""
-    out = []
-    entries: Any = r.xrevrange(keys.samples(agent), count=count)
-    for entry_id, fields in entries:
-        try:
-            ro = schema.decode_rollout(fields, max_entry_bytes)
-        except SchemaError as exc:
-            out.append({"id": text(entry_id), "error": f"unreadable: {exc}"})
-            continue
-        out.append(_summary(text(entry_id), ro))
-    return out
-
-
-def _summary(entry_id: str, ro: schema.Rollout) -> dict[str, Any]:
+def rollout_summary(entry_id: str, ro: schema.Rollout) -> dict[str, Any]:
+    """A sampled rollout's one-line facts (the rollout page's, and the lists' with more)."""
     return {
         "id": entry_id,
         "task_id": ro.task_id,
@@ -163,7 +124,7 @@ def rollout(r: redis.Redis, keys: Keys, agent: str, entry_id: str, *, max_entry_
         "completion": sum(trace.mask()) if trace else ro.metrics.get("completion_tokens"),
     }
     return {
-        **_summary(entry_id, ro),
+        **rollout_summary(entry_id, ro),
         "run_id": ro.run_id,
         "attempt": ro.attempt,
         "worker_id": ro.worker_id,

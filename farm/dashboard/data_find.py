@@ -20,6 +20,7 @@ import msgspec
 import redis
 
 from farm import schema, state
+from farm.dashboard.data import rollout_summary
 from farm.errors import ErrorKind, SchemaError
 from farm.keys import Keys, text
 
@@ -66,19 +67,11 @@ def rollout_row(agent: str, entry_id: str, ro: schema.Rollout) -> dict[str, Any]
     """One sampled rollout as the lists, the task page and the group view show it."""
     trace = ro.trace
     return {
+        **rollout_summary(entry_id, ro),
         "agent": agent,
-        "id": entry_id,
-        "task_id": ro.task_id,
         "run_id": ro.run_id,
         "group_id": ro.group_id,
         "sample_index": ro.sample_index,
-        "status": str(ro.status),
-        "reward": ro.reward,
-        "failure_kind": str(ro.error.kind) if ro.error else None,
-        "failure": ro.error.message if ro.error else None,
-        "policy_version": ro.policy_version,
-        "total_s": round(ro.timings.total_s, 3),
-        "finished_at": ro.finished_at,
         "finished_iso": iso(ro.finished_at),
         "worker": ro.worker_id,
         "attempt": ro.attempt,
