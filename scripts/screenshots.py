@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -141,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         url = args.redis_url
         if not answers(url):
             url = stack.enter_context(EmbeddedRedis(tmp / "redis", appendfsync="no")).url
-        ns = "demo"
-        delete_namespace(url, ns)
+        ns = f"shots-{uuid.uuid4().hex[:8]}"  # its own namespace, deleted afterwards
         stack.callback(delete_namespace, url, ns)
         settings = load_settings(env=SETTINGS, overrides={"redis_url": url, "namespace": ns})
         stack.enter_context(WorkerPool(url, ns, "noop", 2, 8, tmp, "shots", **SETTINGS))
