@@ -24,9 +24,9 @@ Entries added to the stream any other way (a requeued dead letter) count for no 
 
 A run's share and cap are given when its tasks are submitted (`FarmClient.submit(tasks,
 share=3)`, `farm collect --share 3 --max-in-flight 64`, the trainer's `share`); the last
-submit's values hold. The agent's runs hash `{ns}:runs:{agent}` holds `share:R`, `cap:R`,
-`flight:R` and the agent's total `queued`; `{ns}:backlog:{agent}` is a list one byte per queued
-task long, so that KEDA's Redis list scaler can read the backlog (deploy/k8s).
+submit's values hold. The agent's runs hash `{ns}:runs:{agent}` holds `share:R`, `cap:R` and
+`flight:R`; `{ns}:backlog:{agent}` is a list one byte per queued task long, so that KEDA's Redis
+list scaler can read the backlog (deploy/k8s) and `farm status` the agent's queued total.
 
 Cancelling a run (`FarmClient.cancel_run`) drains its queues at once: each queued task is
 answered with its `cancelled` rollout by the DRAIN script, which takes a task only while it is

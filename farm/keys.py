@@ -16,7 +16,7 @@
 {ns}:agents             set of agent names that ever had tasks
 {ns}:queue:{agent}:{run} list of one run's tasks queued for an agent, first in first out (farm.fairness)
 {ns}:fair:{agent}       zset of the runs with tasks queued for the agent (score 0; farm.fairness)
-{ns}:runs:{agent}       hash of the agent's runs: share:R, cap:R, flight:R, queued (farm.fairness)
+{ns}:runs:{agent}       hash of the agent's runs: share:R, cap:R, flight:R (farm.fairness)
 {ns}:backlog:{agent}    list holding one byte per queued task, a length KEDA's list scaler reads
 {ns}:worker:{id}        heartbeat of a live worker (JSON, expires)
 """
@@ -112,7 +112,7 @@ class Keys:
         return f"{self.ns}:fair:{check_name(agent, 'agent name')}"
 
     def runs(self, agent: str) -> str:
-        """Each run's share, cap and tasks in flight on an agent, and the agent's queued total (farm.fairness)."""
+        """Each run's share, cap and tasks in flight on an agent (farm.fairness)."""
         return f"{self.ns}:runs:{check_name(agent, 'agent name')}"
 
     def backlog(self, agent: str) -> str:

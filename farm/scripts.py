@@ -152,7 +152,6 @@ for i = 1, n, 1000 do redis.call('RPUSH', KEYS[4], unpack(ones, 1, math.min(1000
 redis.call('HSET', KEYS[2], 'share:' .. run, ARGV[2])
 if tonumber(ARGV[3]) > 0 then redis.call('HSET', KEYS[2], 'cap:' .. run, ARGV[3])
 else redis.call('HDEL', KEYS[2], 'cap:' .. run) end
-redis.call('HINCRBY', KEYS[2], 'queued', n)
 redis.call('ZADD', KEYS[1], 0, run)
 return n
 """
@@ -209,7 +208,6 @@ while moved < want do
     moved = moved + #items
     flight[best] = flight[best] + #items
     redis.call('HINCRBY', runs, 'flight:' .. run, #items)
-    redis.call('HINCRBY', runs, 'queued', -#items)
     redis.call('LTRIM', KEYS[4], #items, -1)
   end
   if not items or redis.call('LLEN', q) == 0 then
@@ -245,7 +243,6 @@ for a = 3, #ARGV, 5 do
   end
 end
 if n > 0 then
-  redis.call('HINCRBY', KEYS[2], 'queued', -n)
   redis.call('LTRIM', KEYS[4], n, -1)
   if redis.call('HINCRBY', KEYS[6], run, -n) <= 0 then redis.call('HDEL', KEYS[6], run) end
   redis.call('HINCRBY', KEYS[7], 'cancelled', n)

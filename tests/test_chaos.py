@@ -13,8 +13,8 @@ duplicated, none even dropped as a duplicate by the reader), every failed rollou
 kind and a reason, and the dead letters account for the rest: each always-failing task and
 each poison entry is in a dead stream exactly once. The fair-share bookkeeping is back to
 empty: every run's in-flight count returned to 0 through the kills and restarts (no `flight:R`
-field left), nothing is queued (no queue, backlog or fair zset entry, `queued` 0). The tally
-is printed, per run.
+field left; with it the runs' shares and caps, so the runs hash is empty), nothing is queued
+(no queue, backlog or fair zset entry). The tally is printed, per run.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def test_chaos_every_task_ends_once_with_a_reason(tmp_path, tokenizer, model_dir
         agent: {k: v for k, v in fields.items() if k.startswith("flight:")} for agent, fields in runs_left.items()
     }
     assert flights == {agent: {} for agent in AGENTS}, runs_left
-    assert all(int(fields.get("queued", 0)) == 0 for fields in runs_left.values()), runs_left
+    assert runs_left == {agent: {} for agent in AGENTS}, "no share, cap or count left for a run that ended"
     assert not any(queues_left.values()), queues_left
     assert backlog_left == {agent: 0 for agent in AGENTS}
     assert fair_left == {agent: [] for agent in AGENTS}
