@@ -349,6 +349,44 @@ def as_row(env, row):
     return env.check_row({"responses_create_params": {"input": "question"}, **row})
 
 
+def browser_path() -> str:
+    """Debian's headless Chromium for Playwright's executable_path (chromium-headless-shell, else chromium);
+    neither installed: need_binary's skip, or failure under CI=true."""
+    import shutil
+
+    for name in ("chromium-headless-shell", "chromium"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return need_binary("chromium-headless-shell", "chromium-headless-shell")
+
+
+def page_ready(page, url: str, selector: str | None = None) -> bool:
+    """Whether `url` loads in a Playwright page (and shows `selector`): for waiting on a server starting."""
+    try:
+        resp = page.goto(url)
+    except Exception:  # noqa: BLE001 - not up yet
+        time.sleep(0.2)
+        return False
+    if selector is None:
+        return resp is not None and resp.ok
+    return page.locator(selector).count() > 0
+
+
+def fits_width(page) -> bool:
+    """No sideways scroll of the page itself: the document is no wider than the viewport (a table may
+    scroll inside its own box)."""
+    return page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def stop_all(procs, timeout: float = 30.0) -> None:
+    """SIGTERM every process, then wait for each."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout)
+
+
 def need_binary(name: str, package: str) -> str:
     """The path of a system binary the test needs; scripts/test installs it (apt) where it can.
     Missing: a skip that says why, except under CI=true, where it is a failure."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import time
 
 import pytest
 import redis
@@ -21,7 +19,7 @@ from farm import history
 from farm.client import FarmClient
 from farm.dashboard import data
 
-from conftest import ROOT, farm_process, free_port, make_settings, need_binary, wait_for
+from conftest import ROOT, browser_path, farm_process, free_port, make_settings, page_ready, stop_all, wait_for
 
 pytestmark = pytest.mark.slow
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
@@ -36,15 +34,6 @@ def submit(settings, agent: str, rows: list[dict], run: str = "web", share: floa
         await client.aclose()
 
     asyncio.run(go())
-
-
-def browser_path() -> str:
-    for name in ("chromium-headless-shell", "chromium"):
-        try:
-            return need_binary(name, "chromium-headless-shell")
-        except pytest.skip.Exception:
-            continue
-    return need_binary("chromium-headless-shell", "chromium-headless-shell")
 
 
 def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
@@ -101,7 +90,12 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1500, "height": 700})
-            wait_for(lambda: _loads(page, base), timeout=60, every=0.5, what="the dashboard")
+            wait_for(
+                lambda: page_ready(page, base + "/", "h1:has-text('Agents')"),
+                timeout=60,
+                every=0.5,
+                what="the dashboard",
+            )
             rows = {tr.get_attribute("data-agent"): tr for tr in page.query_selector_all("#overview tbody tr")}
             assert set(rows) == {"noop", "flaky", "slow", "idle"}
 
@@ -164,17 +158,5 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
             browser.close()
         wait_for(lambda: r.xlen(settings.keys.dead("flaky")) == 3, timeout=30, what="the requeued task to die again")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
+        stop_all(procs)
         r.close()
-
-
-def _loads(page, base: str) -> bool:
-    try:
-        page.goto(base + "/")
-    except Exception:  # noqa: BLE001 - not up yet
-        time.sleep(0.2)
-        return False
-    return bool(re.search("Agents", page.inner_text("h1")))

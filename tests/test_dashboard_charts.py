@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import xml.etree.ElementTree as ET
 from typing import Optional
 
@@ -23,7 +22,18 @@ from farm.client import FarmClient
 from farm.dashboard.app import create_app
 from farm.dashboard.charts import clock, line_chart
 
-from conftest import async_wait_for, farm_process, free_port, in_process_worker, make_settings, need_binary, wait_for
+from conftest import (
+    async_wait_for,
+    browser_path,
+    farm_process,
+    fits_width,
+    free_port,
+    in_process_worker,
+    make_settings,
+    page_ready,
+    stop_all,
+    wait_for,
+)
 
 HHMM = re.compile(r"^\d\d:\d\d$")
 CHARTS = ("rollouts per minute", "failures by kind", "reward", "latency (s, estimated from bins)")
@@ -153,15 +163,6 @@ async def test_the_queue_depth_is_sampled_on_a_clock_without_any_settle(redis_ur
         r.close()
 
 
-def browser_path() -> str:
-    for name in ("chromium-headless-shell", "chromium"):
-        try:
-            return need_binary(name, "chromium-headless-shell")
-        except pytest.skip.Exception:
-            continue
-    return need_binary("chromium-headless-shell", "chromium-headless-shell")
-
-
 @pytest.mark.slow
 def test_sixteen_rollouts_in_one_minute_are_drawn_at_every_width(redis_url, namespace, tmp_path):
     """mcqa's reward and latency charts were blank after 16 rollouts (one minute, one point). Here a
@@ -191,9 +192,14 @@ def test_sixteen_rollouts_in_one_minute_are_drawn_at_every_width(redis_url, name
             browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             for width in (1400, 1024, 390):
                 page = browser.new_page(viewport={"width": width, "height": 900})
-                wait_for(lambda: _loads(page, f"{base}/agents/noop"), timeout=60, every=0.5, what="the agent page")
+                wait_for(
+                    lambda: page_ready(page, f"{base}/agents/noop", "svg.chart"),
+                    timeout=60,
+                    every=0.5,
+                    what="the agent page",
+                )
                 page.screenshot(path=str(tmp_path / f"agent-{width}.png"), full_page=True)
-                assert page.evaluate("() => document.documentElement.scrollWidth") <= width, "no sideways scroll"
+                assert fits_width(page), "no sideways scroll"
                 assert page.locator("svg.chart").count() == 5
                 for i in range(5):
                     box = page.locator("svg.chart").nth(i).bounding_box()
@@ -222,17 +228,5 @@ def test_sixteen_rollouts_in_one_minute_are_drawn_at_every_width(redis_url, name
                 page.close()
             browser.close()
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
+        stop_all(procs)
         r.close()
-
-
-def _loads(page, url: str) -> bool:
-    try:
-        page.goto(url)
-    except Exception:  # noqa: BLE001 - not up yet
-        time.sleep(0.2)
-        return False
-    return page.locator("svg.chart").count() > 0

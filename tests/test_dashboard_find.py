@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import shutil
 import uuid
 import zlib
 from html.parser import HTMLParser
@@ -28,7 +27,16 @@ from farm import deadletters
 from farm.client import FarmClient
 from farm.dashboard.app import create_app
 
-from conftest import farm_process, free_port, in_process_worker, make_settings, need_binary, wait_for
+from conftest import (
+    browser_path,
+    farm_process,
+    fits_width,
+    free_port,
+    in_process_worker,
+    make_settings,
+    page_ready,
+    wait_for,
+)
 
 HOSTILE_GROUP = "<img src=x onerror=\"document.title='pwned'\">"
 HOSTILE_TASK = "</td><script>document.title='pwned'</script>"
@@ -329,7 +337,7 @@ async def test_sampling_keeps_whole_groups_chosen_by_their_id(redis_url, namespa
 
 @pytest.mark.slow
 def test_find_and_a_group_in_a_real_browser_at_1400_and_390_px(redis_url, namespace, tmp_path):
-    executable = shutil.which("chromium") or need_binary("chromium-headless-shell", "chromium-headless-shell")
+    executable = browser_path()
     from playwright.sync_api import sync_playwright
 
     settings = make_settings(redis_url, namespace, sample_every=1, max_attempts=2)
@@ -355,34 +363,22 @@ def test_find_and_a_group_in_a_real_browser_at_1400_and_390_px(redis_url, namesp
             browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             for width in (1400, 390):
                 page = browser.new_page(viewport={"width": width, "height": 800})
-                wait_for(lambda: _loads(page, f"{base}/find?q=browse"), timeout=60, every=0.5, what="the dashboard")
+                wait_for(lambda: page_ready(page, f"{base}/find?q=browse"), timeout=60, every=0.5, what="the dashboard")
                 assert len(page.query_selector_all("#found-rollouts tbody tr")) == 4
                 assert len(page.query_selector_all("#found-letters tbody tr")) == 1
-                assert _fits(page), f"/find scrolls sideways at {width} px"
+                assert fits_width(page), f"/find scrolls sideways at {width} px"
                 assert page.title() != "pwned" and not page.query_selector("main img")
                 page.click(f'#groups a[href="/groups/{group}"]')
                 page.wait_for_selector("#group")
                 cells = page.query_selector_all('#group td[data-k="advantage"]')
                 assert [c.inner_text() for c in cells] == [f"{a:+.3f}" for a in advantages(G4_REWARDS)]
-                assert _fits(page), f"/groups scrolls sideways at {width} px"
+                assert fits_width(page), f"/groups scrolls sideways at {width} px"
                 for path in (f"/groups/{quote(HOSTILE_GROUP, safe='')}", "/rollouts/noop", "/dead/noop"):
                     page.goto(base + path)
-                    assert _fits(page), f"{path} scrolls sideways at {width} px"
+                    assert fits_width(page), f"{path} scrolls sideways at {width} px"
                     assert page.title() != "pwned"
                 page.close()
             browser.close()
     finally:
         dash.terminate()
         dash.wait(30)
-
-
-def _loads(page, url: str) -> bool:
-    try:
-        return page.goto(url).ok
-    except Exception:  # noqa: BLE001 - not up yet
-        return False
-
-
-def _fits(page) -> bool:
-    """No sideways scrolling of the page itself (a table may scroll inside its own box)."""
-    return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")

@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
-from test_dashboard_browser import browser_path, submit
+from test_dashboard_browser import submit
 
 from farm import history, schema
 from farm.client import FarmClient
 from farm.embedded import EmbeddedRedis
 
-from conftest import farm_process, free_port, make_settings, wait_for
+from conftest import browser_path, farm_process, fits_width, free_port, make_settings, stop_all, wait_for
 
 pytestmark = pytest.mark.slow
 REFRESH_S = 5  # base.html's data-refresh-s
@@ -156,10 +156,7 @@ def test_pages_that_are_not_the_overview_update_on_their_own(redis_url, namespac
             assert page.inner_text("#updated") != shown
             b.close()
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
+        stop_all(procs)
         r.close()
 
 
@@ -263,7 +260,7 @@ def test_the_rollout_page_shows_its_prompt_as_text(redis_url, namespace, tmp_pat
             label = page.query_selector("dt:text-is('tokens')").bounding_box()
             value = page.query_selector("#tokens").bounding_box()
             assert abs(label["y"] - value["y"]) < 4, ("the tokens label sits by its value", label, value)
-            assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+            assert fits_width(page)
 
             page.goto(f"{base}/rollouts/noop/{bad}")
             assert page.inner_text("#failure") == "verifier: no <b>answer</b>"

@@ -28,7 +28,18 @@ from farm import history
 from farm.client import FarmClient
 from farm.dashboard.app import create_app
 
-from conftest import async_wait_for, farm_process, free_port, in_process_worker, make_settings, need_binary, wait_for
+from conftest import (
+    async_wait_for,
+    browser_path,
+    farm_process,
+    fits_width,
+    free_port,
+    in_process_worker,
+    make_settings,
+    page_ready,
+    stop_all,
+    wait_for,
+)
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 # policy version -> the rewards of train's rollouts started on it (pass: reward >= 1.0)
@@ -269,14 +280,7 @@ async def test_a_worker_page_is_its_heartbeat_and_its_dead_letters(farm):
 def test_the_run_and_worker_pages_fit_a_wide_and_a_phone_screen(redis_url, namespace, tmp_path):
     """In a real Chromium at 1,400, 1,024 and 390 px: the runs list, a run's page and a worker's page have no
     page-wide sideways scroll; a hostile run id is text (the title is not taken over)."""
-    executable = None
-    for name in ("chromium-headless-shell", "chromium"):
-        try:
-            executable = need_binary(name, "chromium-headless-shell")
-            break
-        except pytest.skip.Exception:
-            continue
-    executable = executable or need_binary("chromium-headless-shell", "chromium-headless-shell")
+    executable = browser_path()
     from playwright.sync_api import sync_playwright
 
     settings = make_settings(redis_url, namespace)
@@ -310,7 +314,9 @@ def test_the_run_and_worker_pages_fit_a_wide_and_a_phone_screen(redis_url, names
             browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             for width in (1400, 1024, 390):
                 page = browser.new_page(viewport={"width": width, "height": 800})
-                wait_for(lambda: _loads(page, base + "/runs"), timeout=60, every=0.5, what="the dashboard")
+                wait_for(
+                    lambda: page_ready(page, base + "/runs", "#runs-list"), timeout=60, every=0.5, what="the dashboard"
+                )
                 assert page.title() != "pwned" and HOSTILE in page.inner_text("#runs-list")
                 _fits(page, width)
                 page.click(f'#runs-list tr[data-run="{long_run}"] a')
@@ -329,23 +335,11 @@ def test_the_run_and_worker_pages_fit_a_wide_and_a_phone_screen(redis_url, names
                 page.close()
             browser.close()
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
+        stop_all(procs)
         r.close()
-
-
-def _loads(page, url: str) -> bool:
-    try:
-        page.goto(url)
-    except Exception:  # noqa: BLE001 - not up yet
-        time.sleep(0.2)
-        return False
-    return page.query_selector("#runs-list") is not None
 
 
 def _fits(page, width: int) -> None:
     """No sideways scroll of the page body: the document is no wider than the viewport."""
     scroll = page.evaluate("() => document.documentElement.scrollWidth")
-    assert scroll <= width, f"{page.url} is {scroll} px wide at {width} px"
+    assert fits_width(page), f"{page.url} is {scroll} px wide at {width} px"
