@@ -69,7 +69,7 @@ class AgentStream:
         # The run each delivered entry counts against (its `r` field, farm.fairness), by entry id,
         # while this process holds it: its settle takes it out of the run's in flight.
         self.fed: dict[str, str] = {}
-        self._feed_keys = (keys.fair(agent), keys.runs(agent), self.stream, keys.backlog(agent))
+        self.fair, self.runs, self.backlog = keys.fair(agent), keys.runs(agent), keys.backlog(agent)
         self._feed_prefix = keys.queue_prefix(agent)
 
     async def setup(self) -> None:
@@ -96,7 +96,8 @@ class AgentStream:
 
         async def feed_and_read() -> Any:
             pipe = self.r.pipeline(transaction=False)
-            pipe.evalsha(SHAS["feed"], 4, *self._feed_keys, GROUP, count, self._feed_prefix)
+            keys = (self.fair, self.runs, self.stream, self.backlog)
+            pipe.evalsha(SHAS["feed"], len(keys), *keys, GROUP, count, self._feed_prefix)
             pipe.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
             try:
                 return (await pipe.execute())[1]
@@ -175,7 +176,7 @@ class AgentStream:
         return await self.outage.call(
             lambda: self._script(
                 "promote",
-                [self.keys.delayed(self.agent), self.stream, self.keys.fair(self.agent), self.keys.runs(self.agent)],
+                [self.keys.delayed(self.agent), self.stream, self.fair, self.runs],
                 [time.time(), limit, schema.SCHEMA_VERSION],
             ),
             "promoting due retries",
@@ -187,7 +188,7 @@ class AgentStream:
         increments): the worker calls it on a clock, so a queue nobody settles from is still charted."""
         if self.rec.history:
             await self.outage.call(
-                lambda: self._script("bucket", [self._bucket_key(), self.stream, self._feed_keys[3]], [self.rec.ttl_s]),
+                lambda: self._script("bucket", [self._bucket_key(), self.stream, self.backlog], [self.rec.ttl_s]),
                 "recording the queue depth",
             )
 
@@ -214,7 +215,7 @@ class AgentStream:
         (this minute's history increments, farm.history) rides along for the Settler, which adds
         it once the settle has acknowledged the task; `ids` (task id, run id) is no longer open
         once settled (farm.cancel)."""
-        keys = [self.stream, self.stats, self.keys.open_tasks(), self.keys.open_runs(), *self._feed_keys[:2]]
+        keys = [self.stream, self.stats, self.keys.open_tasks(), self.keys.open_runs(), self.fair, self.runs]
         reply_index = 7 if reply_to is not None else 0
         flight = self.fed.get(entry_id, "")
         args: list = [GROUP, entry_id, outcome, self.keys.results_prefix(), reply_index, *ids, flight]
@@ -231,7 +232,7 @@ class AgentStream:
         if bucket and self.rec.history:
             key = self._bucket_key()
             counts = HistoryCount(
-                bucket=key, stream=self.stream, backlog=self._feed_keys[3], ttl_s=self.rec.ttl_s, increments=bucket
+                bucket=key, stream=self.stream, backlog=self.backlog, ttl_s=self.rec.ttl_s, increments=bucket
             )
         return SettleOp(
             script="settle",
@@ -283,7 +284,7 @@ class AgentStream:
         """RETRY: the task (its next attempt) into the delayed set until `due`; `kind` is why the attempt failed."""
         return SettleOp(
             script="retry",
-            keys=(self.stream, self.keys.delayed(self.agent), self.stats, *self._feed_keys[:2]),
+            keys=(self.stream, self.keys.delayed(self.agent), self.stats, self.fair, self.runs),
             args=(GROUP, entry_id, due, schema.encode(task), self.fed.get(entry_id, "")),
             entry_id=entry_id,
             agent=self.agent,
