@@ -6,6 +6,10 @@ logprobs as float32 bytes, so an 8K-token rollout is three memcpy-sized blobs ra
 16K msgpack numbers. Decoding is strict: wrong types, missing fields or inconsistent
 token traces raise MalformedEntry; another version raises UnknownSchemaVersion. Both end
 up dead-lettered with the reason, never in a crashed worker. No pickle anywhere.
+
+Schema note: fields added with a default (`history`, `segments`) keep SCHEMA_VERSION 1, but an
+older reader rejects an entry that carries them (forbid_unknown_fields), and a writer encodes them
+even when empty: upgrade the consumers (trainers, producers) before the workers.
 """
 
 from __future__ import annotations
@@ -217,6 +221,10 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics: dict[str, Any] = {}
     output: list[dict[str, Any]] = []
     trace: Optional[TokenTrace] = None
+    # The rollout's further token segments after `trace` (a harness rollout whose history did not
+    # extend one chain: workers/gateway), each trained as a sample of its own sharing the rollout's
+    # reward; empty for every other rollout.
+    segments: list[TokenTrace] = []
     # False for rollouts that carry text but no token ids (policy_kind chat/responses): the
     # trainer refuses them instead of training on re-tokenized text.
     trainable: bool = True

@@ -42,6 +42,7 @@ class Transcript:
     output: list[dict]
     tool_calls: list[dict]
     truncated: bool = False
+    reported: Optional["Verdict"] = None  # a harness's own grade (task.report), when it gave one
 
 
 @dataclass

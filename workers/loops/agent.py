@@ -86,7 +86,24 @@ def policy_agent(name: str, settings: Settings) -> Agent:
             f"agent {name!r} calls a policy: set policy_urls (FARM_POLICY_URLS), "
             "e.g. to the URL `farm policy serve` prints"
         )
+    if cfg is not None and (cfg.harness or cfg.command):
+        return _harness_agent(name, env, loop_settings, cfg, settings)
     return AgentLoop(env, _policy(settings), loop_settings)
+
+
+def _harness_agent(name: str, env: Any, loop_settings: Any, cfg: Any, settings: Settings) -> Agent:
+    """A harness or command agent, through the gateway. It needs token ids in and out, so it is refused
+    with the text-only policy kinds instead of training on re-tokenized text."""
+    from farm.errors import ConfigError
+    from workers.loops.harness import HarnessAgent
+
+    if settings.policy_kind != "tokens":
+        raise ConfigError(
+            f"agent {name!r} runs a harness through the gateway, which records token ids: it needs "
+            f"policy_kind tokens (a vLLM server), not {settings.policy_kind!r}"
+        )
+    policy = _policy(settings)
+    return HarnessAgent(name, env, policy.client, policy.tok, loop_settings, cfg, settings)
 
 
 def _policy(settings: Settings) -> Policy[Any]:

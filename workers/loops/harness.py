@@ -1,0 +1,385 @@
+"""Harness agents: a team's own agent code, run unchanged against the worker's model gateway.
+
+A workers config names the harness and the environment that gives it tools and verifies it:
+
+    agents:
+      my_agent:
+        harness: mypkg.agent:run     # async def run(client: openai.AsyncOpenAI, task) -> str | None
+        env: single_tool_call
+      my_cli_agent:
+        command: ["python", "-m", "mypkg.cli"]   # a program per rollout (see `_command`)
+        env: single_tool_call
+
+In-process harnesses are trusted code: they run in the worker's event loop, with the worker's
+rights. A plain (blocking) function is refused at start-up, since it would freeze the event loop
+that every other rollout of the process runs on; blocking code runs through `command:`.
+
+The harness gets an `openai.AsyncOpenAI` client for its rollout (its base URL carries the rollout's
+secret; `max_retries=0`; every rollout of the process shares one aiohttp connection pool) and a
+`HarnessTask` (its attribute names are the contract). What the harness returns is the final
+answer the environment's verifier reads, with the tool calls it made through `task.call_tool` and
+the environment state they changed; a harness that grades itself calls `task.report(reward,
+components)`, which the `verifiers` environment takes as the reward (other environments record
+it as the metric `reported_reward` and verify as usual).
+
+Outcomes. A harness that raises is an `agent_error`, retried per `max_attempts`. One that returns
+without calling the model fails at once (`agent_error`, not retried: it would do the same again).
+Past `max_steps` calls, the rollout's token budget (`max_rollout_tokens`) or the model's context,
+the gateway refuses the call and the rollout ends `truncated` with the gateway's reason, which
+wins over whatever the harness raised then; the harness is stopped. A policy failure fails the
+rollout (kind `policy`). A cancelled or timed-out task stops the harness (a command's whole
+process group is killed) and cancels its open model calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import shlex
+import signal
+import time
+from typing import Any, Callable, Optional
+
+from envs.sdk import AgentSettings, Environment, Tool, Transcript, Verdict
+from farm.errors import ConfigError, RolloutFailure
+from farm.schema import ErrorKind, Rollout, Task, Timings
+from farm.settings import AgentConfig, Settings
+from workers.gateway.bridge import Bridge
+from workers.gateway.calls import Limits, RolloutCalls
+from workers.gateway.server import Gateway
+from workers.loops.context import AgentContext
+from workers.loops.env_calls import EnvironmentAgent, call_tool, read_row, sampling_for, scored
+from workers.policy.chat import ChatTokenizer, chat_tools
+from workers.policy.rotation import Session
+from workers.policy.tokens import PolicyClient
+
+__all__ = ["HarnessAgent", "HarnessTask", "load_harness"]
+
+STOP_WAIT_S = 5.0  # a stopped harness has this long to unwind before the rollout ends without it
+STDERR_CHARS = 2000  # of a crashed command's stderr kept in the error
+_HIDDEN_ENV = ("FARM_POLICY_API_KEY", "FARM_DASHBOARD_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL")
+
+
+class HarnessTask:
+    """What a harness gets besides its client. These names are the contract:
+
+    messages   the row's input as chat messages (system first)
+    tools      the environment's tools as OpenAI tool specs (chat form)
+    model      the model name to send
+    row        the dataset row
+    sampling   the task's sampling (the gateway imposes it whatever the request says)
+    limits     {"max_steps", "max_tokens" (per call), "max_rollout_tokens"}
+    base_url, api_key   for a harness that builds its own client
+    task_id    the farm's task id
+    await call_tool(name, arguments) -> str   the environment's tool on this rollout's state
+    report(reward, components=None)           the harness's own grade
+    """
+
+    def __init__(self, task: Task, messages: list[dict], tools: list[dict], calls: RolloutCalls, gateway: Gateway):
+        self.task_id = task.task_id
+        self.messages = messages
+        self.tools = tools
+        self.model = calls.model
+        self.row = task.row
+        self.sampling = dict(calls.sampling)
+        self.limits = calls.limits.as_dict()
+        self.base_url = gateway.base_url(calls)
+        self.api_key = calls.secret
+        self._calls = calls
+
+    async def call_tool(self, name: str, arguments: Any = None) -> str:
+        """The environment's tool `name` with `arguments` (a dict, or its JSON text); its result as text
+        (a tool's own error comes back as text the model can read, as in the farm's own loop)."""
+        if arguments is None:
+            arguments = {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError as exc:
+                return f"Error: tool call arguments are not JSON: {exc}"
+        return await self._calls.run_tool(name, arguments)
+
+    def report(self, reward: float, components: Optional[dict[str, float]] = None) -> None:
+        self._calls.report(reward, components)
+
+    def __repr__(self) -> str:  # never the secret
+        return (
+            f"HarnessTask({self.task_id}, model={self.model!r}, {len(self.messages)} messages, {len(self.tools)} tools)"
+        )
+
+
+def load_harness(spec: str) -> Callable[..., Any]:
+    """The `module:function` a config names, checked to be an async function of (client, task)."""
+    module, _, attr = spec.partition(":")
+    try:
+        fn: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except ImportError as exc:
+        raise ConfigError(f"harness {spec}: cannot import {module}: {exc}") from None
+    except AttributeError:
+        raise ConfigError(f"harness {spec}: {module} has no {attr}") from None
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    if not is_async:
+        raise ConfigError(
+            f"harness {spec} is not an async function: a blocking harness would freeze every rollout of the "
+            "worker; write `async def run(client, task)` or run it as a program with `command:`"
+        )
+    return fn
+
+
+def _shared_http(concurrency: int) -> Any:
+    """One aiohttp pool for every rollout's openai client, one kept-alive connection per loop; a
+    harness that closes its client leaves the pool to the others."""
+    import httpx2
+    from openai import DefaultAioHttpClient
+
+    class SharedPool(DefaultAioHttpClient):
+        async def aclose(self) -> None:  # a harness's `async with client` must not close the others' pool
+            return None
+
+        async def close_pool(self) -> None:
+            await super().aclose()
+
+    limits = httpx2.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    return SharedPool(limits=limits, timeout=httpx2.Timeout(None, connect=10.0))
+
+
+class HarnessAgent(EnvironmentAgent):
+    """Runs a harness (in process) or a command (a program) per task, through the process's gateway."""
+
+    files_per_loop = 3  # the harness's connection to the gateway (both ends) and the gateway's to the model
+
+    def __init__(
+        self,
+        name: str,
+        env: Environment,
+        client: PolicyClient,
+        tok: ChatTokenizer,
+        loop_settings: AgentSettings,
+        cfg: AgentConfig,
+        settings: Settings,
+    ):
+        self.name, self.env, self.client, self.tok = name, env, client, tok
+        self.settings, self.cfg, self.farm = loop_settings, cfg, settings
+        self.tools: dict[str, Tool] = {t.name: t for t in env.tools()}
+        self.schemas = chat_tools([t.schema() for t in self.tools.values()])
+        self.harness = load_harness(cfg.harness) if cfg.harness else None
+        self.argv: list[str] = shlex.split(cfg.command) if isinstance(cfg.command, str) else list(cfg.command or [])
+        self.gateway: Optional[Gateway] = None
+        self.http: Any = None
+
+    async def setup(self) -> None:
+        await self.env.setup()
+        self.gateway = await Gateway(self.client, self.tok, self.farm.gateway_host, self.farm.gateway_port).start()
+        if self.harness is not None:
+            self.http = _shared_http(self.farm.concurrency)
+
+    def ready(self) -> bool:
+        return self.client.ready()
+
+    async def wait_ready(self) -> None:
+        await self.client.wait_ready()
+
+    async def close_policy(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.aclose()
+        if self.http is not None:
+            await self.http.close_pool()
+        await self.client.aclose()
+
+    # -- one rollout ----------------------------------------------------------------------------
+    async def run(self, task: Task, ctx: AgentContext) -> Rollout:
+        if self.gateway is None:
+            await self.setup()
+        assert self.gateway is not None
+        row, params, messages, _ = read_row(self.env, task.row)
+        tools = chat_tools(params["tools"]) if params.get("tools") else self.schemas
+        state = self.env.new_state(row)
+        sampling = sampling_for(task, self.settings.sampling)
+        metrics: dict[str, Any] = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0}
+        calls_made: list[dict] = []
+        calls = RolloutCalls(
+            model=self.farm.policy_model,
+            sampling=sampling,
+            limits=Limits(self.settings.max_steps, sampling.get("max_tokens"), self.cfg.max_rollout_tokens),
+            session=Session(group=task.group_id, key=task.task_id),
+            bridge=Bridge(self.tok),
+            run_tool=lambda name, args: self._tool(name, args, state, metrics, calls_made, calls.output),
+            task_json={},
+        )
+        htask = HarnessTask(task, messages, tools, calls, self.gateway)
+        calls.task_json = {
+            "task_id": task.task_id,
+            "messages": messages,
+            "tools": tools,
+            "model": calls.model,
+            "row": task.row,
+            "sampling": htask.sampling,
+            "limits": htask.limits,
+        }
+        self.gateway.open(calls)
+        mark = ctx.versions.mark() if ctx.versions is not None else None
+        started = time.perf_counter()
+        try:
+            answer = await self._drive(calls, htask)
+        finally:
+            self.gateway.close(calls)
+            calls.session.end()
+        versions = ctx.versions.span(mark) if mark is not None and ctx.versions is not None else (None, None)
+        elapsed = time.perf_counter() - started
+        return await self._finish(task, row, state, calls, answer, metrics, calls_made, elapsed, versions)
+
+    async def _tool(self, name: str, arguments: Any, state: Any, metrics: dict, made: list, output: list) -> str:
+        if isinstance(arguments, dict):
+            metrics["tool_calls"] += 1
+            made.append({"name": name, "arguments": arguments})
+        start = time.perf_counter()
+        result = await call_tool(self.tools, name, arguments, state, self.settings.tool_timeout_s, metrics)
+        metrics["tools_s"] = metrics.get("tools_s", 0.0) + time.perf_counter() - start
+        answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
+        call_id = next(
+            (
+                i["call_id"]
+                for i in output
+                if i.get("type") == "function_call" and i.get("name") == name and i["call_id"] not in answered
+            ),
+            "",
+        )
+        output.append({"type": "function_call_output", "call_id": call_id, "name": name, "output": result})
+        return result
+
+    async def _drive(self, calls: RolloutCalls, htask: HarnessTask) -> Any:
+        """Run the harness until it returns or the gateway stops the rollout; the harness's answer."""
+        run = asyncio.ensure_future(self._invoke(calls, htask))
+        stop = asyncio.ensure_future(calls.stopped.wait())
+        try:
+            await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not run.done():
+                run.cancel()
+                await asyncio.wait({run}, timeout=STOP_WAIT_S)
+        if not run.done():
+            raise RolloutFailure(
+                ErrorKind.agent_error, f"the harness did not stop within {STOP_WAIT_S:g}s of being cancelled"
+            )
+        exc = None if run.cancelled() else run.exception()
+        if calls.failure is not None:
+            raise calls.failure
+        if calls.stop_reason:
+            return None  # the gateway's reason wins over whatever the harness raised
+        if run.cancelled():
+            raise RolloutFailure(ErrorKind.agent_error, "the harness cancelled itself", retryable=True)
+        if isinstance(exc, RolloutFailure):
+            raise exc
+        if exc is not None:
+            raise RolloutFailure(
+                ErrorKind.agent_error, f"the harness raised {type(exc).__name__}: {exc}"[:STDERR_CHARS], retryable=True
+            )
+        return run.result()
+
+    async def _invoke(self, calls: RolloutCalls, htask: HarnessTask) -> Any:
+        if self.harness is not None:
+            from openai import AsyncOpenAI
+
+            client = AsyncOpenAI(base_url=htask.base_url, api_key=htask.api_key, max_retries=0, http_client=self.http)
+            return await self.harness(client, htask)
+        return await self._command(calls, htask)
+
+    async def _command(self, calls: RolloutCalls, htask: HarnessTask) -> str:
+        """The command harness: OPENAI_BASE_URL / OPENAI_API_KEY for its rollout, FARM_TASK_URL for its
+        tools (POST {url}/tools/NAME) and grade (POST {url}/report), the task as JSON on stdin, the
+        answer on stdout; a non-zero exit is a crash (the end of its stderr in the error)."""
+        assert self.gateway is not None
+        env = {k: v for k, v in os.environ.items() if k not in _HIDDEN_ENV}
+        env.update(
+            OPENAI_BASE_URL=htask.base_url, OPENAI_API_KEY=htask.api_key, FARM_TASK_URL=self.gateway.task_url(calls)
+        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise RolloutFailure(
+                ErrorKind.agent_error, f"cannot start {self.argv[0]!r}: {exc}", retryable=False
+            ) from None
+        try:
+            out, err = await proc.communicate(json.dumps(calls.task_json).encode())
+        except BaseException:
+            _kill_group(proc.pid)
+            await asyncio.shield(proc.wait())
+            raise
+        if proc.returncode != 0:
+            tail = err.decode(errors="replace").strip()[-STDERR_CHARS:]
+            raise RuntimeError(f"command {self.argv[0]} exited with status {proc.returncode}: {tail or '(no stderr)'}")
+        return out.decode(errors="replace").rstrip("\n")
+
+    async def _finish(
+        self,
+        task: Task,
+        row: Any,
+        state: Any,
+        calls: RolloutCalls,
+        answer: Any,
+        metrics: dict,
+        calls_made: list,
+        elapsed: float,
+        versions: tuple[Optional[int], Optional[int]],
+    ) -> Rollout:
+        if calls.calls == 0:
+            raise RolloutFailure(
+                ErrorKind.agent_error,
+                "the harness returned without calling the model (it must use the client it is given, "
+                "or task.base_url and task.api_key)",
+                retryable=False,
+            )
+        segments = calls.bridge.segments
+        try:
+            traces = [s.trace() for s in segments]
+        except ValueError as exc:
+            raise RolloutFailure(ErrorKind.invariant, str(exc)) from None
+        metrics.update(calls.bridge.metrics(), turns=calls.calls, replica_moves=calls.session.moves)
+        metrics["bad_tool_calls"] += calls.bad_tool_calls
+        if calls.stop_reason:
+            metrics["stop_reason"] = calls.stop_reason
+        if calls.session.replica is not None:
+            metrics["replica"] = calls.session.replica.url
+        reported = None
+        if calls.reported is not None:
+            reported = Verdict(calls.reported[0], dict(calls.reported[1]))
+            metrics["reported_reward"] = calls.reported[0]
+        final = answer if isinstance(answer, str) else (calls.last_text if answer is None else json.dumps(answer))
+        transcript = Transcript(
+            final_text=final,
+            output=calls.output,
+            tool_calls=calls_made,
+            truncated=bool(calls.stop_reason) or calls.truncated,
+            reported=reported,
+        )
+        timings = Timings(model_s=calls.model_s, tools_s=metrics.pop("tools_s", 0.0))
+        metrics["harness_s"] = round(elapsed, 4)
+        limit = self.settings.verify_timeout_s
+        rollout = await scored(
+            self.env, task, row, state, transcript, limit, metrics, timings, trace=traces[0], segments=traces[1:]
+        )
+        start, end = versions
+        if start is not None:
+            rollout.policy_version = start
+        rollout.policy_version_end = end
+        return rollout
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
