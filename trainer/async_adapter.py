@@ -7,7 +7,12 @@ check_health). FarmRolloutWorker implements it over the farm: a thread with its 
 loop keeps `max_groups_in_flight` groups of Tasks submitted, and as each group's rollouts come
 back it scores the group (GRPO advantage over the rollouts that succeeded) and pushes one
 `RolloutSample` per successful rollout. Failed rollouts carry no gradient and are dropped
-from the buffer, but counted per kind in metrics_queue, never scored 0.
+from the buffer, but counted per kind in metrics_queue, never scored 0. A rollout whose tokens
+come in several segments (`Rollout.segments`: a harness that edited its history,
+workers/gateway) gives one sample per segment, `trace` first, each with the rollout's advantage
+(advantages are per rollout, one reward each), so it weighs as that many samples;
+`farm/extra_segments` counts the samples beyond one per rollout. The synchronous rollout_func
+path, which TRL gives one sample per prompt, masks and counts such rollouts (trainer/rollout.py).
 
 Every Task carries the model version the trainer last announced through
 update_model_version; each sample is tagged with the version its rollout's generation started
@@ -67,7 +72,7 @@ def _sample_class():
 
 
 def group_samples(tasks: list[Task], rollouts: list[Rollout], group_id: int) -> tuple[list, dict[str, float]]:
-    """RolloutSamples for one group's successful rollouts, and the group's metrics."""
+    """RolloutSamples for one group's successful rollouts (one per token segment), and the group's metrics."""
     RolloutSample = _sample_class()
     good = [
         (t, r)
@@ -84,22 +89,24 @@ def group_samples(tasks: list[Task], rollouts: list[Rollout], group_id: int) -> 
     metrics.update({"farm/reward": float(rewards.mean()), "farm/reward_std": float(rewards.std())})
     samples = []
     for (task, r), adv in zip(good, advantages):
-        prompt, completion = list(r.trace.prompt()), list(r.trace.completion())
-        mask = r.trace.mask()
-        samples.append(
-            RolloutSample(
-                prompt=task.row.get("responses_create_params", {}).get("input", []),
-                completion=r.output,
-                input_ids=np.asarray(prompt + completion, dtype=np.int64),
-                completion_mask=np.asarray([0] * len(prompt) + mask, dtype=np.int64),
-                old_log_probs=np.asarray([0.0] * len(prompt) + list(r.trace.completion_logprobs()), dtype=np.float32),
-                advantage=float(adv),
-                model_version=r.policy_version,
-                group_id=group_id,
-                metrics={"reward": float(r.reward), f"farm/reward/{task.agent_ref.name}": float(r.reward)},
-                enqueued_at=time.time(),
+        # A segment without completion tokens has nothing to train (the gateway sends none such).
+        for trace in [r.trace, *(s for s in r.segments if s.completion_ids)]:
+            prompt, completion = list(trace.prompt()), list(trace.completion())
+            samples.append(
+                RolloutSample(
+                    prompt=task.row.get("responses_create_params", {}).get("input", []),
+                    completion=r.output,
+                    input_ids=np.asarray(prompt + completion, dtype=np.int64),
+                    completion_mask=np.asarray([0] * len(prompt) + trace.mask(), dtype=np.int64),
+                    old_log_probs=np.asarray([0.0] * len(prompt) + list(trace.completion_logprobs()), dtype=np.float32),
+                    advantage=float(adv),
+                    model_version=r.policy_version,
+                    group_id=group_id,
+                    metrics={"reward": float(r.reward), f"farm/reward/{task.agent_ref.name}": float(r.reward)},
+                    enqueued_at=time.time(),
+                )
             )
-        )
+    metrics["farm/extra_segments"] = float(len(samples) - len(good))
     return samples, metrics
 
 

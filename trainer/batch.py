@@ -3,6 +3,10 @@
 `Sample` is one prompt's answer in TRL's layout; `Batch` a step's tasks, rollouts and samples with
 its metrics (reward per agent, failures per kind, latency, tokens, staleness, and the over-sampling
 counts of trainer.sampling); `summary` the one log line per step.
+
+A sample's status is MULTI_SEGMENT when its rollout answered in several token segments: TRL gives
+this path one sample per prompt, so it is masked like a failure (reward None) but counted on its
+own, as `farm/multi_segment_masked`, not in `farm/failed` (trainer/rollout.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import Optional
 
 from farm.schema import Rollout, Task
 from trainer.sampling import Group
+
+MULTI_SEGMENT = "multi_segment"  # the status of a masked sample whose rollout has `segments`
 
 
 @dataclass
@@ -51,8 +57,11 @@ def batch_metrics(
     }
     by_agent: dict[str, list[float]] = defaultdict(list)
     failed: Counter[str] = Counter()
+    multi_segment = 0
     for r, s in zip(rollouts, samples):
-        if s.reward is None:
+        if s.status == MULTI_SEGMENT:
+            multi_segment += 1
+        elif s.reward is None:
             failed[r.error.kind if r.error else "empty_completion"] += 1
         else:
             by_agent[r.agent_ref.name].append(s.reward)
@@ -64,6 +73,7 @@ def batch_metrics(
     m["farm/failed_frac"] = m["farm/failed"] / max(1, len(rollouts))
     for kind, n in sorted(failed.items()):
         m[f"farm/failed/{kind}"] = float(n)
+    m["farm/multi_segment_masked"] = float(multi_segment)
     done = [r for r in rollouts if r.timings.total_s > 0]
     if done:
         m["farm/latency_s/mean"] = sum(r.timings.total_s for r in done) / len(done)
@@ -92,6 +102,8 @@ def summary(m: dict[str, float]) -> str:
         parts.append(
             "failed " + ", ".join(f"{k.split('/')[-1]}={int(v)}" for k, v in m.items() if k.startswith("farm/failed/"))
         )
+    if m.get("farm/multi_segment_masked"):
+        parts.append(f"{int(m['farm/multi_segment_masked'])} multi-segment masked")
     if "farm/latency_s/mean" in m:
         parts.append(f"latency {m['farm/latency_s/mean']:.2f}s, queue {m['farm/queue_wait_s/mean']:.2f}s")
     parts.append(f"tokens {int(m['farm/tokens/sampled'])} sampled/{int(m['farm/tokens/env'])} env")

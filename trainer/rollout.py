@@ -31,6 +31,12 @@ never scored 0: one placeholder token with env_mask 0 (nothing reaches the loss)
 `env_reward=None`, which TRL turns into NaN and excludes from the group baseline and the
 advantages. Failures are counted per kind in the logged metrics.
 
+A rollout whose tokens come in several segments (`Rollout.segments`: a harness that edited its
+history, workers/gateway) would be several samples, and TRL gives this path one sample per
+prompt: it is masked as a failure is (reward None, never 0) and counted as
+`farm/multi_segment_masked`, not as a failure. Single-segment rollouts train as before; the async
+adapter (trainer/async_adapter.py) trains segments as samples sharing the rollout's reward.
+
 The farm client is asyncio; TRL is not. The client lives on one event loop in a daemon
 thread for the life of the trainer, so its Redis connection and result reader persist from
 step to step.
@@ -51,8 +57,8 @@ from farm.client import FarmClient
 from farm.errors import ConfigError, TransportError
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
-from trainer.batch import Batch, Sample, batch_metrics, summary
-from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups, usable
+from trainer.batch import MULTI_SEGMENT, Batch, Sample, batch_metrics, summary
+from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups, one_sample, usable
 
 log = logging.getLogger("farm.trainer")
 
@@ -324,7 +330,7 @@ class FarmRollout:
                 "from policy_kind chat/responses carry no token ids; train with policy_kind tokens "
                 "against vLLM"
             )
-        if usable(rollout) and trace is not None and rollout.reward is not None:
+        if one_sample(rollout) and trace is not None and rollout.reward is not None:
             return Sample(
                 list(trace.prompt()),
                 list(trace.completion()),
@@ -335,7 +341,8 @@ class FarmRollout:
                 agent,
                 rollout.policy_version,
             )
-        if rollout.ok:  # answered, but nothing to learn from: no tokens or no reward
+        multi = usable(rollout)  # usable, yet not one sample: more token segments than TRL takes
+        if rollout.ok and not multi:  # answered, but nothing to learn from: no tokens or no reward
             log.warning(
                 "rollout %s (%s) is ok but has %s; masked",
                 task.task_id,
@@ -351,7 +358,7 @@ class FarmRollout:
             [0.0],
             [0],
             None,
-            rollout.error.kind if rollout.error else "empty_completion",
+            MULTI_SEGMENT if multi else rollout.error.kind if rollout.error else "empty_completion",
             agent,
             rollout.policy_version,
         )

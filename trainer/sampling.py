@@ -2,14 +2,17 @@
 
 A synchronous GRPO step waits for its slowest group: one long agent rollout holds the whole
 batch, and the trainer's clock is the tail of the rollout latency. With `oversample` > 1 the
-step submits ceil(B * oversample) groups for the B it needs and takes the first B that come
-back *clean* (every rollout answered, with a reward and sampled tokens); the rest are
-cancelled. With `drop_zero_variance_groups` (DAPO's dynamic sampling) a group whose rewards are
-all equal (GRPO advantage 0: it teaches nothing) is passed over, and when the groups still in
-flight can no longer fill the batch a new group is submitted for it; the k-th replacement in a
-chain is refill round k, and a group of round `max_refills` is not replaced, so a step submits at
-most (initial groups) x (max_refills + 1) groups. Only zero-variance groups earn a replacement:
-a failed rollout stays a visible, masked failure, as without selection.
+step submits ceil(B * oversample) groups for the B it needs and takes the first B that come back
+*clean* (every rollout answered, with a reward and sampled tokens, in one token segment:
+`one_sample`); the rest are cancelled. With `drop_zero_variance_groups` (DAPO's dynamic
+sampling) a group whose rewards are all equal (GRPO advantage 0: it teaches nothing) is passed
+over, and when the groups still in flight can no longer fill the batch a new group is submitted
+for it; the k-th replacement in a chain is refill round k, and a group of round `max_refills` is
+not replaced, so a step submits at most (initial groups) x (max_refills + 1) groups. Only
+zero-variance groups earn a replacement: a failed rollout stays a visible, masked failure, as
+without selection. A rollout with further token segments (`Rollout.segments`) counts here as a
+failure does: this is the synchronous path, which TRL gives one sample per prompt, so
+trainer/rollout.py masks it.
 
 When the step runs out of groups in flight (or reaches its deadline) short of B clean ones, it
 fills the batch with the best of the rest, so TRL always gets its shape: zero-variance groups,
@@ -47,6 +50,11 @@ def usable(rollout: Rollout) -> bool:
     """A rollout the loss can use: answered, scored, with sampled tokens."""
     trace = rollout.trace
     return rollout.ok and rollout.reward is not None and trace is not None and len(trace.completion_ids) > 0
+
+
+def one_sample(rollout: Rollout) -> bool:
+    """A rollout the synchronous path trains: usable, in one token segment (no `segments`)."""
+    return usable(rollout) and not rollout.segments
 
 
 def zero_variance(rewards: Iterable[float], tol: float = 1e-6) -> bool:
@@ -88,14 +96,14 @@ class Group:
         got = list(self.rollouts.values())
         if any(r.status is Status.cancelled for r in got):
             return CANCELLED
-        if not all(usable(r) for r in got):
+        if not all(one_sample(r) for r in got):
             return FAILED
         if drop_zero_variance and zero_variance(float(r.reward) for r in got if r.reward is not None):
             return ZERO_VARIANCE
         return CLEAN
 
     def failures(self) -> int:
-        return sum(not usable(r) for r in self.rollouts.values())
+        return sum(not one_sample(r) for r in self.rollouts.values())
 
 
 class GroupSelection:
