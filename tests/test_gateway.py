@@ -408,3 +408,13 @@ async def test_harness_failures_end_as_the_contract_says(tokenizer):
         load_harness(f"{__name__}:blocking")
     with pytest.raises(ConfigError, match="cannot import"):
         load_harness("no_such_module_here:run")
+
+
+def test_the_docs_parameter_table_is_the_gateways():
+    from pathlib import Path
+
+    from workers.gateway.shapes import PARAMETERS
+
+    page = (Path(__file__).parent.parent / "docs" / "bring-your-own-agent.md").read_text()
+    rows = {f"| {name} | {what} | {why} |" for name, (what, why) in PARAMETERS.items()}
+    assert rows <= set(page.splitlines()), rows - set(page.splitlines())
