@@ -135,7 +135,8 @@ def main() -> None:
         f"largest logprob gap {gap:.2e}  ({greedy_s:.0f}s)"
     )
     print(
-        f"sampled  {len(ok)}/{len(sampled)} ok; re-tokenized sampled ids: {sum(r.metrics['retokenized_tokens'] for r in ok)} "
+        f"sampled  {len(ok)}/{len(sampled)} ok; re-tokenized sampled ids: "
+        f"{sum(r.metrics['retokenized_tokens'] for r in ok)} "
         f"of {sum(r.metrics['completion_tokens'] for r in ok)}; segments per rollout: "
         f"{sum(r.metrics['segments'] for r in ok) / max(1, len(ok)):.2f}  ({sampled_s:.0f}s)"
     )

@@ -173,7 +173,9 @@ def test_a_raising_harness_is_retried_then_fails_naming_its_exception(settings, 
 def test_a_harness_agent_under_policy_kind_chat_is_refused_at_start_up(settings, stub, config, model_dir):
     """policy_kind chat gives text, no token ids to train on: `farm worker` says so in one line and
     exits 2 (a config error, never restarted), before it serves anything."""
-    env = worker_env(settings, FARM_CONFIG=config, FARM_POLICY_KIND="chat", **policy_env(stub.url, "stub", model_dir))
+    env = worker_env(
+        settings, FARM_CONFIG=config, FARM_POLICY_KIND="chat", **policy_env(stub.url, stub.served_model_name, model_dir)
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "farm", "worker", "--agent", "weather_sdk"],
         env=env,
