@@ -36,32 +36,6 @@ from workers.policy.serving import default_cache, prepare_model  # noqa: E402
 FOLLOW_UPS = ["Thanks. And tomorrow?", "Say it in one word."]
 
 
-async def with_follow_ups(client, task):
-    """An openai-SDK loop that also sends the row's follow-up user turns (as `multi_turn` does)."""
-    messages, follow_ups, answer = list(task.messages), list(task.row.get("follow_up_messages", [])), None
-    for _ in range(task.limits["max_steps"]):
-        choice = (await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)).choices[
-            0
-        ]
-        messages.append(choice.message.model_dump(exclude_none=True))
-        answer = choice.message.content
-        if choice.finish_reason == "length":
-            break
-        for call in choice.message.tool_calls or []:
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": call.id,
-                    "content": await task.call_tool(call.function.name, call.function.arguments),
-                }
-            )
-        if not choice.message.tool_calls:
-            if not follow_ups:
-                break
-            messages.append({"role": "user", "content": follow_ups.pop(0)})
-    return answer
-
-
 async def run_all(agent, rows, sampling, concurrency):
     gate = asyncio.Semaphore(concurrency)
     ctx = AgentContext("bench", getattr(agent, "farm", None))
@@ -93,7 +67,7 @@ def main() -> None:
             "policy_tokenizer": str(model),
             "agents": {
                 "native_turns": AgentConfig(env="single_tool_call", loop="multi_turn"),
-                "sdk_turns": AgentConfig(env="single_tool_call", harness="__main__:with_follow_ups"),
+                "sdk_turns": AgentConfig(env="single_tool_call", harness="examples.harnesses.follow_ups:run"),
                 "via_sdk": AgentConfig(env="single_tool_call", harness="examples.harnesses.plain_sdk:run"),
             },
         }

@@ -37,30 +37,9 @@ def agent_settings(vllm, model_dir):
         agents={
             "via_sdk": AgentConfig(env="single_tool_call", harness="examples.harnesses.plain_sdk:run"),
             "native_turns": AgentConfig(env="single_tool_call", loop="multi_turn"),
-            "sdk_turns": AgentConfig(env="single_tool_call", harness=f"{__name__}:with_follow_ups"),
+            "sdk_turns": AgentConfig(env="single_tool_call", harness="examples.harnesses.follow_ups:run"),
         },
     )
-
-
-async def with_follow_ups(client, task):
-    """The plain SDK loop, plus the row's follow-up user turns after each answer (as `multi_turn` does)."""
-    messages, follow_ups, answer = list(task.messages), list(task.row.get("follow_up_messages", [])), None
-    for _ in range(task.limits["max_steps"]):
-        choice = (await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)).choices[
-            0
-        ]
-        messages.append(choice.message.model_dump(exclude_none=True))
-        answer = choice.message.content
-        if choice.finish_reason == "length":
-            break
-        for call in choice.message.tool_calls or []:
-            result = await task.call_tool(call.function.name, call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-        if not choice.message.tool_calls:
-            if not follow_ups:
-                break
-            messages.append({"role": "user", "content": follow_ups.pop(0)})
-    return answer
 
 
 async def rollouts(agent, rows, sampling, concurrency=1):

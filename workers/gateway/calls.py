@@ -26,7 +26,7 @@ from farm.errors import RolloutFailure
 from farm.schema import ErrorKind
 from workers.gateway.bridge import BadHistory, Bridge, Message
 from workers.gateway.shapes import GatewayError, Reply, Request, bad, new_id
-from workers.policy.chat import ChatTokenizer, parse_tool_calls
+from workers.policy.chat import ChatTokenizer, ToolCall, parse_tool_calls
 from workers.policy.protocol import ContextOverflow, PolicyUnavailable
 from workers.policy.rotation import Session
 from workers.policy.token_policy import CompletionClient
@@ -172,9 +172,9 @@ def _reply(tok: ChatTokenizer, rollout: RolloutCalls, req: Request, plan: Any, c
     ended = bool(c.ids) and c.ids[-1] == tok.eos_id
     text = tok.decode(c.ids[:-1] if ended else c.ids)
     parsed = parse_tool_calls(text, rollout.calls) if (ended and req.parse_calls and req.tools) else []
-    good = [p for p in parsed if not hasattr(p, "error")]
+    good = [p for p in parsed if isinstance(p, ToolCall)]
     rollout.bad_tool_calls += len(parsed) - len(good)
-    calls = [(new_id("call_"), p.name, json.dumps(p.arguments)) for p in good]  # type: ignore[union-attr]
+    calls = [(new_id("call_"), p.name, json.dumps(p.arguments)) for p in good]
     content: Optional[str] = text
     if calls:
         content = _CALL_BLOCK.sub("\n", text).strip() or None
