@@ -271,6 +271,7 @@ ENVS = [
     "reasoning_gym",
     "session_state",
     "single_tool_call",
+    "verifiers",
     "workplace_assistant",
 ]
 
