@@ -10,6 +10,11 @@ both sides, counted at the stub):
            in a FARM_CONFIG file: the openai SDK in the worker, its calls through the gateway's
            aiohttp server, the bridge, and the same token client.
 
+  sdk alone  the same harness function and openai SDK in a fresh Python process with no farm at
+           all: its client's transport waits L and answers the two replies from memory (no
+           gateway, tokenizer, Redis or worker). What the SDK alone costs per call, and so the
+           best ratio any gateway could reach with this harness in one process (scale only).
+
 Three figures, each side by side:
 
 1. cost    worker CPU ms per model call (utime + stime from /proc/PID/stat) at --cost-concurrency
@@ -223,6 +228,70 @@ def fails(r: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(r["failures"].items())) or "0"
 
 
+# -- the SDK alone: the ceiling of any gateway for this harness in one process -------------------
+def sdk_alone(concurrency: int, latency: float, rollouts: int) -> dict:
+    """The harness and its SDK in a fresh process whose client's transport waits `latency` and
+    answers from memory: rollouts/s and CPU with nothing of the farm in the way."""
+    import subprocess
+
+    argv = [sys.executable, __file__, "--sdk-alone-child", json.dumps([concurrency, latency, rollouts])]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT, timeout=3600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _chat_json(message: dict, finish: str) -> bytes:
+    choice = {"index": 0, "finish_reason": finish, "message": {"role": "assistant", **message}}
+    usage = {"prompt_tokens": 150, "completion_tokens": 20, "total_tokens": 170}
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "stub", "choices": [choice]}
+    return json.dumps({**body, "usage": usage}).encode()
+
+
+async def _sdk_alone_child(concurrency: int, latency: float, rollouts: int) -> dict:
+    import httpx2
+    from openai import AsyncOpenAI
+
+    from envs.single_tool_call import SingleToolCall
+    from examples.harnesses.plain_sdk import run as harness
+    from workers.policy.chat import chat_tools, input_messages
+
+    call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    replies = (
+        _chat_json({"content": None, "tool_calls": [call]}, "tool_calls"),
+        _chat_json({"content": "Sunny."}, "stop"),
+    )
+    calls = 0
+
+    class Canned(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            nonlocal calls
+            raw = await request.aread()
+            calls += 1
+            await asyncio.sleep(latency)
+            reply = replies[1] if b"tool_call_id" in raw else replies[0]
+            return httpx2.Response(200, headers={"content-type": "application/json"}, content=reply, request=request)
+
+    class Task:
+        messages = input_messages(weather_rows(1)[0]["responses_create_params"])
+        tools = chat_tools([t.schema() for t in SingleToolCall().tools()])
+        model, limits = "stub", {"max_steps": 4}
+
+        async def call_tool(self, name: str, arguments: str) -> str:
+            return json.dumps({"city": "Paris", "conditions": "sunny"})
+
+    http = httpx2.AsyncClient(transport=Canned(), timeout=httpx2.Timeout(None))
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with slots:
+            client = AsyncOpenAI(base_url="http://sdk-alone/v1", api_key="k", max_retries=0, http_client=http)
+            await harness(client, Task())
+
+    cpu0, start = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(rollouts)))
+    wall = time.perf_counter() - start
+    return {"n": rollouts, "ok": rollouts, "calls": calls, "wall_s": wall, "cpu_s": time.process_time() - cpu0}
+
+
 # -- the run -------------------------------------------------------------------------------------
 def sdk_transform_ms(repeat: int = 1000) -> list[float]:
     """CPU ms per call of the openai SDK's own request building (async_maybe_transform of the params)
@@ -285,6 +354,15 @@ def run(args: argparse.Namespace) -> dict:
                     **figures(res["batches"][0], res["idle_fds"], args.concurrency, args.latency),
                     "rss_mb": res["rss_mb"],
                 }
+            alone = sdk_alone(args.concurrency, args.latency, args.rollouts)
+            rate = alone["ok"] / alone["wall_s"]
+            out["scale"]["sdk alone"] = {
+                **alone,
+                "rollouts_per_s": rate,
+                "ratio": rate / (args.concurrency / (CALLS * args.latency)),
+                "cpu_ms_per_call": 1000 * alone["cpu_s"] / max(1, alone["calls"]),
+                "calls_per_rollout": alone["calls"] / alone["n"],
+            }
         finally:
             stub.stop()
     return out
@@ -345,6 +423,7 @@ def report(out: dict, args: argparse.Namespace, started: float) -> None:
         f"{'cpu ms/call':>11} {'cores':>5} {'rss MB':>6} {'idle fd':>7} {'fd then':>7} {'in flight':>9} "
         f"{'fd/rollout':>10}  failures"
     )
+    alone = out["scale"].pop("sdk alone")
     for side, r in out["scale"].items():
         target = f">={TARGET_RATIO:.2f}" if side == "harness" else "ref"
         print(
@@ -358,14 +437,24 @@ def report(out: dict, args: argparse.Namespace, started: float) -> None:
             for i, w in enumerate(r["waves"], 1)
         )
         print(f"{side} waves, s after submit (finished first/median/last; ideal wave k ends at k x 2 L): {spans}")
+    harness = out["scale"]["harness"]
+    print(
+        f"sdk alone (the harness and its openai SDK, no farm, replies from memory after L): "
+        f"{alone['rollouts_per_s']:.1f} "
+        f"rollouts/s = {alone['ratio']:.3f} of Little, {alone['cpu_ms_per_call']:.3f} cpu ms/call, "
+        f"{alone['cpu_s'] / alone['wall_s']:.2f} cores: the ceiling of any gateway for this harness in one process; "
+        f"the harness side reached {harness['ratio'] / alone['ratio']:.3f} of it"
+    )
+    out["scale"]["sdk alone"] = alone
     print(
         "calls/seg: model calls per rollout (counted at the stub) / trace segments per harness rollout; cpu: the "
         "worker's utime + stime; cores: the same per second of wall; fd then: the worker's descriptors while "
         "`in flight` rollouts (the stub's unanswered requests) were; fd/rollout = (fd then - idle fd) / in flight"
     )
+    scale = {k: [v] for k, v in out["scale"].items() if k != "sdk alone"}
     odd = [
         f"{part} {side}"
-        for part, rows in (("cost", out["cost"]), ("scale", {k: [v] for k, v in out["scale"].items()}))
+        for part, rows in (("cost", out["cost"]), ("scale", scale))
         for side, batches in rows.items()
         for r in batches
         if r["calls_per_rollout"] != CALLS or r["segments_per_rollout"] not in (None, 1.0)
@@ -385,7 +474,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--cost-latency", type=float, default=0.05)
     p.add_argument("--cost-rollouts", type=int, default=1024, help="cost: rollouts per batch (two batches a side)")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke run (overrides the sizes)")
+    p.add_argument("--sdk-alone-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.sdk_alone_child:
+        print(json.dumps(asyncio.run(_sdk_alone_child(*json.loads(args.sdk_alone_child)))))
+        return 0
     if args.quick:
         args.concurrency, args.latency, args.rollouts = 64, 1.0, 192
         args.cost_concurrency, args.cost_rollouts = 32, 64

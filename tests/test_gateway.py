@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import openai
 import pytest
 
@@ -21,7 +22,7 @@ from workers.gateway.bridge import Bridge
 from workers.gateway.calls import Limits, RolloutCalls
 from workers.gateway.server import Gateway
 from workers.loops.context import AgentContext
-from workers.loops.harness import HarnessAgent, load_harness
+from workers.loops.harness import HarnessAgent, _local_http, load_harness
 from workers.policy.rotation import Session
 from workers.policy.tokens import Completion
 
@@ -74,8 +75,10 @@ class Scripted:
         return None
 
 
-@pytest.fixture
-async def gateway(tokenizer):
+@pytest.fixture(params=["http", "in_process"])
+async def gateway(request, tokenizer):
+    """A gateway with one rollout open and an openai client for it: over HTTP (what a command or a
+    harness's own client uses) and through the in-process transport in-process harnesses get."""
     gateways = []
 
     async def start(turns, **kw):
@@ -98,7 +101,8 @@ async def gateway(tokenizer):
             task_json={"task_id": "t"},
         )
         gw.open(calls)
-        client = openai.AsyncOpenAI(base_url=gw.base_url(calls), api_key="unused", max_retries=0)
+        http = _local_http(gw) if request.param == "in_process" else None
+        client = openai.AsyncOpenAI(base_url=gw.base_url(calls), api_key="unused", max_retries=0, http_client=http)
         clients.append(client)
         return gw, policy, calls, client
 
@@ -284,6 +288,30 @@ async def test_keys_malformed_bodies_and_unknown_routes(gateway):
             f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": HISTORY}, headers=headers
         ) as resp:
             assert resp.status == 401
+
+
+async def test_in_process_requests_get_the_servers_answers(gateway):
+    """gateway.handle is what both paths call: keys, routes, bodies and methods answer the same."""
+    gw, policy, calls, client = await gateway(["ok"])
+    body = json.dumps({"model": "m", "messages": HISTORY}).encode()
+    cases = [
+        ("POST", "/v1/chat/completions", "", body, 401, "invalid_api_key"),
+        ("POST", "/v1/chat/completions", f"Bearer {calls.secret}", b"{not json", 400, "invalid_json"),
+        ("POST", f"/r/{calls.secret}/v1/embeddings", "", b"{}", 404, "not_found"),
+        ("GET", f"/r/{calls.secret}/v1/chat/completions", "", b"", 405, "method_not_allowed"),
+        ("POST", "/t/nope/report", "", b"{}", 404, "not_found"),
+    ]
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        for method, path, auth, raw, status, code in cases:
+            answer = await gw.handle(method, path, auth, raw)
+            assert (answer.status, msgspec.json.decode(answer.body)["error"]["code"]) == (status, code), path
+            headers = {"Authorization": auth} if auth else {}
+            async with http.request(method, gw.url + path, data=raw, headers=headers) as resp:
+                assert (resp.status, (await resp.json())["error"]["code"]) == (status, code), path
+    answer = await gw.handle("GET", f"/r/{calls.secret}/v1/models", "", b"")
+    assert msgspec.json.decode(answer.body)["data"][0]["id"] == "m"
 
 
 async def test_max_steps_stops_the_rollout_and_closing_cancels_open_calls(gateway):

@@ -65,16 +65,16 @@ def run_loop(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
     return asyncio.run(main)
 
 
-def raise_open_files(concurrency: int) -> int:
+def raise_open_files(concurrency: int, files_per_loop: int = 1) -> int:
     """Raise the soft open-file limit to the hard one; refuse a concurrency the hard limit cannot carry."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = concurrency + FILES_RESERVED
+    need = concurrency * files_per_loop + FILES_RESERVED
     if hard != resource.RLIM_INFINITY and need > hard:
         raise ConfigError(
-            f"concurrency {concurrency} needs about {need} open files (one connection per loop), "
+            f"concurrency {concurrency} needs about {need} open files ({files_per_loop} per agent loop), "
             f"but this process may open at most {hard} (hard RLIMIT_NOFILE): raise it "
             f"(`ulimit -Hn`, LimitNOFILE in systemd, ulimits in Docker/Kubernetes) or lower "
-            f"--concurrency to {max(1, hard - FILES_RESERVED)}"
+            f"--concurrency to {max(1, (hard - FILES_RESERVED) // files_per_loop)}"
         )
     target = need if hard == resource.RLIM_INFINITY else hard
     if soft != resource.RLIM_INFINITY and target > soft:

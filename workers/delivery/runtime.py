@@ -124,7 +124,7 @@ class Worker:
 
     # -- main --------------------------------------------------------------------------
     async def run(self) -> Counter:
-        raise_open_files(self.concurrency * getattr(self.agent, "files_per_loop", 1))
+        raise_open_files(self.concurrency, getattr(self.agent, "files_per_loop", 1))
         warn_retry_budget(self.settings)
         self.r = connect(self.settings)
         self.stream = AgentStream(

@@ -15,6 +15,10 @@ alone both work. A secret is 32 random URL-safe characters made per rollout and 
 ends; a harness cannot reach another rollout, and the tool endpoint has a secret of its own (a
 command's model calls never carry it). Nothing logs a secret.
 
+`Gateway.handle` answers one request whichever way it came: the aiohttp server hands it every
+request, and an in-process harness's client (workers/loops/harness.py) calls it directly through
+an httpx transport, with no socket and no HTTP parsing on either side; both get the same answers.
+
 Each call goes through workers/gateway/calls.py's `model_call`: the bridge's prompt, the rollout's
 limits, the token path every native loop uses.
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import msgspec
 from aiohttp import web
@@ -71,13 +75,7 @@ class Gateway:
 
     async def start(self) -> "Gateway":
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
-        for base in ("/r/{secret}/v1", "/v1"):
-            app.router.add_post(base + "/chat/completions", self._chat)
-            app.router.add_post(base + "/responses", self._responses)
-            app.router.add_get(base + "/models", self._models)
-        app.router.add_post("/t/{secret}/tools/{name}", self._tool)
-        app.router.add_post("/t/{secret}/report", self._report)
-        app.router.add_get("/t/{secret}/task", self._task)
+        app.router.add_route("*", "/{tail:.*}", self._http)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=4096, reuse_address=True)
@@ -114,12 +112,43 @@ class Gateway:
     def task_url(self, rollout: RolloutCalls) -> str:
         return f"{self.url}/t/{rollout.task_secret}"
 
-    # -- routes -------------------------------------------------------------------------------
-    def _rollout(self, request: web.Request) -> RolloutCalls:
-        secret = request.match_info.get("secret")
-        if secret is None:
-            auth = request.headers.get("Authorization", "")
-            secret = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    # -- one request, whichever way it came ----------------------------------------------------
+    async def handle(self, method: str, path: str, authorization: str, body: bytes) -> Answer:
+        """The answer to one request: the aiohttp server and the in-process transport both call this."""
+        try:
+            return await self._route(method, path, authorization, body)
+        except GatewayError as exc:
+            return _json(exc.body(), exc.status)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return _crash(method, path, exc)
+
+    async def _route(self, method: str, path: str, authorization: str, body: bytes) -> Answer:
+        parts = path.split("/")
+        if len(parts) > 4 and parts[1] == "r" and parts[3] == "v1":  # /r/SECRET/v1/...
+            secret, endpoint = parts[2], "/".join(parts[4:])
+        elif len(parts) > 2 and parts[1] == "v1":  # /v1/... with the secret as the bearer key
+            bearer = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+            secret, endpoint = bearer, "/".join(parts[2:])
+        elif len(parts) > 3 and parts[1] == "t":  # /t/TASK_SECRET/...
+            return await self._task_route(method, parts[2], parts[3:], body)
+        else:
+            raise GatewayError(404, f"{method} {path[:80]}: no such route", "not_found")
+        want = _MODEL_ROUTES.get(endpoint)
+        if want is None:
+            raise GatewayError(404, f"{method} /v1/{endpoint[:60]}: no such route", "not_found")
+        if method != want:
+            raise GatewayError(405, f"{method} /v1/{endpoint}: use {want}", "method_not_allowed")
+        rollout = self._rollout(secret)
+        if endpoint == "models":
+            data = [{"id": rollout.model, "object": "model", "created": 0, "owned_by": "farm"}]
+            return _json({"object": "list", "data": data})
+        if endpoint == "chat/completions":
+            return await self._chat(rollout, _body(body))
+        return await self._responses(rollout, _body(body))
+
+    def _rollout(self, secret: str) -> RolloutCalls:
         rollout = self.rollouts.get(secret) if secret else None
         if rollout is None:
             raise GatewayError(
@@ -130,34 +159,16 @@ class Gateway:
             )
         return rollout
 
-    async def _body(self, request: web.Request) -> dict:
-        try:
-            body = _decode.decode(await request.read())
-        except msgspec.DecodeError as exc:
-            raise bad(f"the body is not JSON: {exc}", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise bad("the body must be a JSON object", code="invalid_json")
-        return body
-
-    async def _models(self, request: web.Request) -> web.Response:
-        rollout = self._rollout(request)
-        data = [{"id": rollout.model, "object": "model", "created": 0, "owned_by": "farm"}]
-        return _json({"object": "list", "data": data})
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        rollout = self._rollout(request)
-        body = await self._body(request)
+    async def _chat(self, rollout: RolloutCalls, body: dict) -> Answer:
         req = read_chat(body)
         reply = await model_call(self.client, self.tok, rollout, req)
         call_id = new_id("chatcmpl-")
         if req.stream:
             chunks = chat_chunks(reply, rollout.model, call_id, req.include_usage)
-            return await _events(request, [b"data: " + _encode(c) for c in chunks] + [b"data: [DONE]"])
+            return _events([b"data: " + _encode(c) for c in chunks] + [b"data: [DONE]"])
         return _json(chat_answer(reply, rollout.model, call_id))
 
-    async def _responses(self, request: web.Request) -> web.StreamResponse:
-        rollout = self._rollout(request)
-        body = await self._body(request)
+    async def _responses(self, rollout: RolloutCalls, body: dict) -> Answer:
         earlier: list[Message] = []
         previous = body.get("previous_response_id")
         if previous is not None:
@@ -172,70 +183,84 @@ class Gateway:
         answer = response_answer(reply, rollout.model, response_id, response_items(reply), body)
         rollout.responses[response_id] = [*req.messages, reply.message()]
         if req.stream:
-            events = response_events(answer)
-            return await _events(request, [f"event: {e['type']}\n".encode() + b"data: " + _encode(e) for e in events])
+            return _events([f"event: {e['type']}\n".encode() + b"data: " + _encode(e) for e in response_events(answer)])
         return _json(answer)
 
-    async def _tool(self, request: web.Request) -> web.Response:
-        rollout = self._task_rollout(request)
-        arguments = await self._body(request)
-        output = await rollout.run_tool(request.match_info["name"], arguments)
-        return _json({"output": output})
-
-    async def _report(self, request: web.Request) -> web.Response:
-        rollout = self._task_rollout(request)
-        body = await self._body(request)
-        try:
-            rollout.report(body.get("reward"), body.get("components"))
-        except ValueError as exc:
-            raise bad(str(exc), "reward") from None
-        return _json({"ok": True})
-
-    async def _task(self, request: web.Request) -> web.Response:
-        return _json(self._task_rollout(request).task_json)
-
-    def _task_rollout(self, request: web.Request) -> RolloutCalls:
-        rollout = self.tasks.get(request.match_info["secret"])
+    async def _task_route(self, method: str, secret: str, rest: list[str], body: bytes) -> Answer:
+        """A command harness's tools, grade and task, on the task secret."""
+        rollout = self.tasks.get(secret)
         if rollout is None:
             raise GatewayError(
                 404, "unknown task URL (FARM_TASK_URL); it stops working when the rollout ends", "not_found"
             )
-        return rollout
+        if rest == ["task"] and method == "GET":
+            return _json(rollout.task_json)
+        if len(rest) == 2 and rest[0] == "tools" and method == "POST":
+            return _json({"output": await rollout.run_tool(rest[1], _body(body))})
+        if rest == ["report"] and method == "POST":
+            report = _body(body)
+            try:
+                rollout.report(report.get("reward"), report.get("components"))
+            except ValueError as exc:
+                raise bad(str(exc), "reward") from None
+            return _json({"ok": True})
+        raise GatewayError(404, f"{method} {'/'.join(rest)[:60]}: no such task route", "not_found")
+
+    async def _http(self, request: web.Request) -> web.Response:
+        answer = await self.handle(
+            request.method, request.path, request.headers.get("Authorization", ""), await request.read()
+        )
+        return _response(answer)
 
 
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=_encode(obj), status=status, content_type="application/json")
+_MODEL_ROUTES = {"chat/completions": "POST", "responses": "POST", "models": "GET"}
+_JSON = {"Content-Type": "application/json"}
+_SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-async def _events(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+class Answer(NamedTuple):
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def _body(raw: bytes) -> dict:
+    try:
+        body = _decode.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise bad(f"the body is not JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _json(obj: Any, status: int = 200) -> Answer:
+    return Answer(status, _JSON, _encode(obj))
+
+
+def _events(events: list[bytes]) -> Answer:
     """Server-sent events, all at once (the answer is whole before the first byte goes out)."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    await resp.write(b"\n\n".join(events) + b"\n\n")
-    await resp.write_eof()
-    return resp
+    return Answer(200, _SSE, b"\n\n".join(events) + b"\n\n")
 
 
 @web.middleware
 async def _errors(request: web.Request, handler: Callable) -> web.StreamResponse:
-    """Every error in OpenAI's shape: the gateway's own, aiohttp's (404, 405, 413), and crashes (500)."""
+    """aiohttp's own errors (413: a body past MAX_BODY_BYTES) in OpenAI's shape too."""
     try:
         return await handler(request)
-    except GatewayError as exc:
-        return _json(exc.body(), exc.status)
     except web.HTTPException as exc:
-        kind = "not_found" if exc.status == 404 else "invalid_request"
-        return _json(
-            GatewayError(exc.status, f"{request.method} {request.path}: {exc.reason}", kind).body(), exc.status
-        )
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        log.error(
-            "gateway: %s %s failed: %s: %s", request.method, request.rel_url.path.split("/")[1], type(exc).__name__, exc
-        )
-        log.debug("gateway crash", exc_info=True)
-        error = GatewayError(
-            500, f"internal error in the farm's gateway: {type(exc).__name__}", "internal_error", "server_error"
-        )
-        return _json(error.body(), 500)
+        error = GatewayError(exc.status, f"{request.method}: {exc.reason}", "invalid_request")
+        return _response(_json(error.body(), exc.status))
+
+
+def _crash(method: str, path: str, exc: Exception) -> Answer:
+    log.error("gateway: %s %s failed: %s: %s", method, path.split("/")[1], type(exc).__name__, exc)
+    log.debug("gateway crash", exc_info=True)
+    error = GatewayError(
+        500, f"internal error in the farm's gateway: {type(exc).__name__}", "internal_error", "server_error"
+    )
+    return _json(error.body(), 500)
+
+
+def _response(answer: Answer) -> web.Response:
+    return web.Response(body=answer.body, status=answer.status, headers=answer.headers)

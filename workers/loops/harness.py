@@ -15,7 +15,8 @@ rights. A plain (blocking) function is refused at start-up, since it would freez
 that every other rollout of the process runs on; blocking code runs through `command:`.
 
 The harness gets an `openai.AsyncOpenAI` client for its rollout (its base URL carries the rollout's
-secret; `max_retries=0`; every rollout of the process shares one aiohttp connection pool) and a
+secret; `max_retries=0`; its requests reach the gateway in process, through an httpx transport
+that calls the gateway's handler: no socket, the same answers as over HTTP) and a
 `HarnessTask` (its attribute names are the contract). What the harness returns is the final
 answer the environment's verifier reads, with the tool calls it made through `task.call_tool` and
 the environment state they changed; a harness that grades itself calls `task.report(reward,
@@ -131,27 +132,41 @@ def load_harness(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def _shared_http(concurrency: int) -> Any:
-    """One aiohttp pool for every rollout's openai client, one kept-alive connection per loop; a
-    harness that closes its client leaves the pool to the others."""
+def _local_http(gateway: Gateway) -> Any:
+    """The http client of every in-process harness's openai client: an httpx transport that hands each
+    request to `gateway.handle` in the worker's event loop (no socket, no HTTP parsing; the same
+    answers as the server). A harness that closes its client closes nothing shared."""
     import httpx2
-    from openai import DefaultAioHttpClient
 
-    class SharedPool(DefaultAioHttpClient):
-        async def aclose(self) -> None:  # a harness's `async with client` must not close the others' pool
+    class Local(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            answer = await gateway.handle(
+                request.method, request.url.path, request.headers.get("authorization", ""), await request.aread()
+            )
+            return httpx2.Response(answer.status, headers=answer.headers, content=answer.body, request=request)
+
+    class Shared(httpx2.AsyncClient):
+        async def aclose(self) -> None:  # a harness's `async with client` must not close the others'
             return None
 
-        async def close_pool(self) -> None:
-            await super().aclose()
+    return Shared(transport=Local(), timeout=httpx2.Timeout(None))
 
-    limits = httpx2.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
-    return SharedPool(limits=limits, timeout=httpx2.Timeout(None, connect=10.0))
+
+def _load_sdk(http: Any) -> None:
+    """Import the openai SDK and the lazily loaded parts a chat or responses call needs now, at
+    start-up, so the first wave of rollouts does not wait on imports (about half a second)."""
+    from openai import AsyncOpenAI
+    from openai.types.chat import ChatCompletion  # noqa: F401
+    from openai.types.responses import Response  # noqa: F401
+
+    client = AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="-", max_retries=0, http_client=http)
+    client.chat.completions, client.responses  # noqa: B018
 
 
 class HarnessAgent(EnvironmentAgent):
     """Runs a harness (in process) or a command (a program) per task, through the process's gateway."""
 
-    files_per_loop = 3  # the harness's connection to the gateway (both ends) and the gateway's to the model
+    files_per_loop = 3  # the gateway's connection to the model; a harness's own client's socket, both ends
 
     def __init__(
         self,
@@ -176,7 +191,8 @@ class HarnessAgent(EnvironmentAgent):
         await self.env.setup()
         self.gateway = await Gateway(self.client, self.tok, self.farm.gateway_host, self.farm.gateway_port).start()
         if self.harness is not None:
-            self.http = _shared_http(self.farm.concurrency)
+            self.http = _local_http(self.gateway)
+            _load_sdk(self.http)
 
     def ready(self) -> bool:
         return self.client.ready()
@@ -187,8 +203,6 @@ class HarnessAgent(EnvironmentAgent):
     async def close_policy(self) -> None:
         if self.gateway is not None:
             await self.gateway.aclose()
-        if self.http is not None:
-            await self.http.close_pool()
         await self.client.aclose()
 
     # -- one rollout ----------------------------------------------------------------------------
