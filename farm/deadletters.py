@@ -16,25 +16,9 @@ from typing import Any, Optional
 import msgspec
 import redis
 
-from farm import schema
+from farm import schema, scripts
 from farm.errors import SchemaError
 from farm.keys import Keys, text
-
-# KEYS: dead stream, tasks stream. ARGV: letter ids. Returns how many were requeued.
-# Move dead letters back to the task stream, each only if it is still a dead letter (a letter
-# requeued twice at once goes back once). KEYS: dead stream, tasks stream. ARGV: (letter id,
-# schema version, task body) triples; the body is the task to run, its attempts started over.
-REQUEUE = """
-local n = 0
-for i = 1, #ARGV, 3 do
-  if #redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i]) == 1 then
-    redis.call('XADD', KEYS[2], '*', 'v', ARGV[i + 1], 'd', ARGV[i + 2])
-    redis.call('XDEL', KEYS[1], ARGV[i])
-    n = n + 1
-  end
-end
-return n
-"""
 
 
 def _iso(at: Any) -> str:
@@ -102,14 +86,13 @@ def requeue(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]] = N
     once). A letter whose task cannot be decoded goes back as it is, to end as a dead letter again
     with the decoding error as its reason."""
     wanted = _ids(r, keys, agent, ids)
-    script = r.register_script(REQUEUE)
     done = 0
     for start in range(0, len(wanted), batch):
         chunk = wanted[start : start + batch]
         pipe = r.pipeline(transaction=False)
         for entry_id in chunk:
             pipe.xrange(keys.dead(agent), entry_id, entry_id)
-        args: list = []
+        letters = []
         for entry_id, found in zip(chunk, pipe.execute()):
             if not found:
                 continue
@@ -123,9 +106,9 @@ def requeue(r: redis.Redis, keys: Keys, agent: str, ids: Optional[list[str]] = N
                 pass
             else:
                 version, body = schema.entry(msgspec.structs.replace(task, attempt=1)).values()
-            args += [entry_id, version, body]
-        if args:
-            done += int(script(keys=[keys.dead(agent), keys.tasks(agent)], args=args))
+            letters.append((entry_id, version, body))
+        if letters:
+            done += int(scripts.requeue(dead=keys.dead(agent), stream=keys.tasks(agent), letters=letters).run_sync(r))
     if done:
         r.sadd(keys.agents(), agent)
     return done

@@ -40,11 +40,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from farm import schema
+from farm import schema, scripts
 from farm.errors import ConfigError, SchemaError
 from farm.keys import Keys
 from farm.schema import Rollout
-from farm.scripts import SOURCES
 from farm.state import RunState, run_ids, run_rows
 
 CHUNK = 1000  # tasks per DRAIN script
@@ -76,34 +75,30 @@ def item(fields: dict) -> bytes:
 
 def enqueue(pipe: Any, keys: Keys, agent: str, run_id: str, items: list[bytes], share: float, cap: int) -> None:
     """Queue one run's tasks for an agent (ENQUEUE, sent as source: a client never meets NOSCRIPT)."""
-    pipe.eval(
-        SOURCES["enqueue"],
-        4,
-        keys.fair(agent),
-        keys.runs(agent),
-        keys.queue(agent, run_id),
-        keys.backlog(agent),
-        run_id,
-        repr(share),
-        cap,
-        *items,
-    )
+    scripts.enqueue(
+        fair=keys.fair(agent),
+        runs=keys.runs(agent),
+        queue=keys.queue(agent, run_id),
+        backlog=keys.backlog(agent),
+        run=run_id,
+        share=share,
+        cap=cap,
+        items=items,
+    ).queue_source(pipe)
 
 
 def wake(pipe: Any, keys: Keys, agent: str, group: str) -> None:
     """Move one task into the stream when no worker has an unread one: that wakes a worker blocked
     on the stream, whose next fetch feeds the rest in fair order."""
-    pipe.eval(
-        SOURCES["feed"],
-        4,
-        keys.fair(agent),
-        keys.runs(agent),
-        keys.tasks(agent),
-        keys.backlog(agent),
-        group,
-        1,
-        keys.queue_prefix(agent),
-    )
+    scripts.feed(
+        fair=keys.fair(agent),
+        runs=keys.runs(agent),
+        stream=keys.tasks(agent),
+        backlog=keys.backlog(agent),
+        group=group,
+        want=1,
+        queue_prefix=keys.queue_prefix(agent),
+    ).queue_source(pipe)
 
 
 async def drain(r: Any, keys: Keys, agent: str, run_id: str, message: str) -> int:
@@ -115,20 +110,27 @@ async def drain(r: Any, keys: Keys, agent: str, run_id: str, message: str) -> in
         raw = await r.lrange(queue, 0, CHUNK - 1)
         if not raw:
             return done
-        streams: dict[str, int] = {}
-        args: list[Any] = [run_id, keys.results_prefix()]
+        tasks = []
         for entry in raw:
             rollout = _cancelled(entry, keys, message)
             if rollout is None:
                 break  # left for a worker: DRAIN takes only from the head, so stop here
-            index = streams.setdefault(rollout.reply_to, 8 + len(streams))
             fields = schema.entry(rollout.rollout)
-            args += [entry, index, rollout.rollout.task_id, fields[b"v"], fields[b"d"]]
-        if len(args) == 2:
+            tasks.append((entry, rollout.reply_to, rollout.rollout.task_id, fields[b"v"], fields[b"d"]))
+        if not tasks:
             return done
-        fixed = [keys.fair(agent), keys.runs(agent), queue, keys.backlog(agent)]
-        fixed += [keys.open_tasks(), keys.open_runs(), keys.stats(agent)]
-        n = await r.eval(SOURCES["drain"], len(fixed) + len(streams), *fixed, *streams, *args)
+        n = await scripts.drain(
+            fair=keys.fair(agent),
+            runs=keys.runs(agent),
+            queue=queue,
+            backlog=keys.backlog(agent),
+            open_tasks=keys.open_tasks(),
+            open_runs=keys.open_runs(),
+            stats=keys.stats(agent),
+            run=run_id,
+            prefix=keys.results_prefix(),
+            tasks=tasks,
+        ).run_source(r)
         if n <= 0:
             return done  # nothing at the head any more (workers took it), or a bad reply stream
         done += n

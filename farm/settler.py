@@ -16,8 +16,8 @@ from typing import Any, Optional
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-from farm.scripts import NOT_PENDING, SETTLED, SHAS, SettleOp
-from farm.streams import load_scripts
+from farm import scripts
+from farm.scripts import NOT_PENDING, SETTLED, SettleOp, load_scripts
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage, mapped
 
@@ -28,7 +28,7 @@ class Settler:
     """Batches settle scripts from many concurrent rollouts into pipelined round trips.
 
     `await settler.run(op)` returns the script's result (1 settled, 0 already settled by
-    someone else, -1/-2 a bad reply stream: see farm.scripts.SETTLE). Connection errors are
+    someone else, -1/-2 a bad reply stream: see farm/lua/settle.lua). Connection errors are
     retried by the Outage; the scripts are idempotent, so replaying a batch whose reply was
     lost is safe. A script that fails inside Redis fails only its own task, mapped to the
     farm's error.
@@ -143,10 +143,7 @@ class Settler:
     async def _pipeline(self, ops: list[SettleOp], counts: dict) -> list:
         pipe = self.r.pipeline(transaction=False)
         for op in ops:
-            pipe.evalsha(SHAS[op.script], len(op.keys), *op.keys, *op.args)
+            op.queue(pipe)
         for (key, stream, backlog, ttl), inc in counts.items():
-            args = [ttl]
-            for k, v in inc.items():
-                args += [k, v if type(v) is int else f"{v:.9f}"]  # a float always has a '.'
-            pipe.evalsha(SHAS["bucket"], 3, key, stream, backlog, *args)
+            scripts.bucket(bucket=key, stream=stream, backlog=backlog, ttl_s=ttl, counts=inc).queue(pipe)
         return await pipe.execute(raise_on_error=False)

@@ -19,21 +19,15 @@ from typing import Any, Iterable, Optional
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
 
-from farm import history, schema
+from farm import history, schema, scripts
 from farm.history import Recording
 from farm.keys import GROUP, Keys, text
-from farm.scripts import SHAS, SOURCES, HistoryCount, Outcome, SettleOp
+from farm.scripts import HistoryCount, Outcome, SettleOp, load_scripts
 from farm.transport import Outage
 
 log = logging.getLogger("farm.streams")
 
 Entry = tuple[str, dict]
-
-
-async def load_scripts(r: aioredis.Redis) -> None:
-    for name, src in SOURCES.items():
-        sha = await r.script_load(src)
-        assert sha == SHAS[name], f"script {name} hashed differently by Redis"
 
 
 async def ensure_group(r: aioredis.Redis, stream: str) -> None:
@@ -96,8 +90,15 @@ class AgentStream:
 
         async def feed_and_read() -> Any:
             pipe = self.r.pipeline(transaction=False)
-            keys = (self.fair, self.runs, self.stream, self.backlog)
-            pipe.evalsha(SHAS["feed"], len(keys), *keys, GROUP, count, self._feed_prefix)
+            scripts.feed(
+                fair=self.fair,
+                runs=self.runs,
+                stream=self.stream,
+                backlog=self.backlog,
+                group=GROUP,
+                want=count,
+                queue_prefix=self._feed_prefix,
+            ).queue(pipe)
             pipe.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
             try:
                 return (await pipe.execute())[1]
@@ -153,32 +154,33 @@ class AgentStream:
     async def renew(self, ids: list[str]) -> list[str]:
         if not ids:
             return []
-        lost = await self.outage.call(
-            lambda: self._script("renew", [self.stream], [GROUP, self.consumer, *ids]), "renewing leases"
-        )
+        call = scripts.renew(stream=self.stream, group=GROUP, consumer=self.consumer, ids=ids)
+        lost = await self.outage.call(lambda: call.run(self.r), "renewing leases")
         return [text(x) for x in lost]
 
     async def release(self, ids: list[str], idle_ms: int) -> int:
         """Hand tasks back, in one attempt: this runs while stopping, when Redis may be gone."""
         if not ids:
             return 0
-        return await self.outage.once(
-            lambda: self._script("release", [self.stream], [GROUP, self.consumer, idle_ms, *ids]), "handing tasks back"
-        )
+        call = scripts.release(stream=self.stream, group=GROUP, consumer=self.consumer, idle_ms=idle_ms, ids=ids)
+        return await self.outage.once(lambda: call.run(self.r), "handing tasks back")
 
     async def prune_consumers(self, idle_ms: int) -> int:
         """Remove the group's consumers of workers that are gone (no pending entries, idle past idle_ms)."""
-        return await self.outage.call(
-            lambda: self._script("prune", [self.stream], [GROUP, idle_ms, self.consumer]), "removing gone consumers"
-        )
+        call = scripts.prune(stream=self.stream, group=GROUP, idle_ms=idle_ms, keep=self.consumer)
+        return await self.outage.call(lambda: call.run(self.r), "removing gone consumers")
 
     async def promote(self, limit: int = 200) -> int:
         return await self.outage.call(
-            lambda: self._script(
-                "promote",
-                [self.keys.delayed(self.agent), self.stream, self.fair, self.runs],
-                [time.time(), limit, schema.SCHEMA_VERSION],
-            ),
+            lambda: scripts.promote(
+                delayed=self.keys.delayed(self.agent),
+                stream=self.stream,
+                fair=self.fair,
+                runs=self.runs,
+                now=time.time(),
+                limit=limit,
+                version=schema.SCHEMA_VERSION,
+            ).run(self.r),
             "promoting due retries",
         )
 
@@ -188,18 +190,13 @@ class AgentStream:
         increments): the worker calls it on a clock, so a queue nobody settles from is still charted."""
         if self.rec.history:
             await self.outage.call(
-                lambda: self._script("bucket", [self._bucket_key(), self.stream, self.backlog], [self.rec.ttl_s]),
+                lambda: scripts.bucket(
+                    bucket=self._bucket_key(), stream=self.stream, backlog=self.backlog, ttl_s=self.rec.ttl_s, counts={}
+                ).run(self.r),
                 "recording the queue depth",
             )
 
-    async def _script(self, name: str, keys: list, args: list) -> Any:
-        try:
-            return await self.r.evalsha(SHAS[name], len(keys), *keys, *args)
-        except NoScriptError:
-            await load_scripts(self.r)
-            return await self.r.evalsha(SHAS[name], len(keys), *keys, *args)
-
-    # Settle operations, run by the Settler; the argument layouts are the scripts' (farm.scripts).
+    # Settle operations, run by the Settler; the scripts' argument layouts are farm.scripts'.
     def settle_op(
         self,
         entry_id: str,
@@ -215,29 +212,34 @@ class AgentStream:
         (this minute's history increments, farm.history) rides along for the Settler, which adds
         it once the settle has acknowledged the task; `ids` (task id, run id) is no longer open
         once settled (farm.cancel)."""
-        keys = [self.stream, self.stats, self.keys.open_tasks(), self.keys.open_runs(), self.fair, self.runs]
-        reply_index = 7 if reply_to is not None else 0
-        flight = self.fed.get(entry_id, "")
-        args: list = [GROUP, entry_id, outcome, self.keys.results_prefix(), reply_index, *ids, flight]
         appends = list(appends)
         if reply_to is not None:
             assert appends and appends[0][0] == reply_to, "the reply is the first appended stream"
-        for stream, fields, *cap in appends:
-            maxlen, dropstat = cap if cap else (0, "")
-            keys.append(stream)
-            args += [len(fields), maxlen, dropstat]
-            for k, v in fields.items():
-                args += [k, v]
+        call = scripts.settle(
+            stream=self.stream,
+            stats=self.stats,
+            open_tasks=self.keys.open_tasks(),
+            open_runs=self.keys.open_runs(),
+            fair=self.fair,
+            runs=self.runs,
+            group=GROUP,
+            entry_id=entry_id,
+            stat=outcome,
+            prefix=self.keys.results_prefix(),
+            check_reply=reply_to is not None,
+            task_id=ids[0],
+            run_id=ids[1],
+            flight=self.fed.get(entry_id, ""),
+            appends=appends,
+        )
         counts = None
         if bucket and self.rec.history:
             key = self._bucket_key()
             counts = HistoryCount(
                 bucket=key, stream=self.stream, backlog=self.backlog, ttl_s=self.rec.ttl_s, increments=bucket
             )
-        return SettleOp(
-            script="settle",
-            keys=tuple(keys),
-            args=tuple(args),
+        return SettleOp.of(
+            call,
             entry_id=entry_id,
             agent=self.agent,
             outcome=outcome,
@@ -282,10 +284,20 @@ class AgentStream:
 
     def retry_op(self, entry_id: str, task: schema.Task, due: float, kind: str) -> SettleOp:
         """RETRY: the task (its next attempt) into the delayed set until `due`; `kind` is why the attempt failed."""
-        return SettleOp(
-            script="retry",
-            keys=(self.stream, self.keys.delayed(self.agent), self.stats, self.fair, self.runs),
-            args=(GROUP, entry_id, due, schema.encode(task), self.fed.get(entry_id, "")),
+        call = scripts.retry(
+            stream=self.stream,
+            delayed=self.keys.delayed(self.agent),
+            stats=self.stats,
+            fair=self.fair,
+            runs=self.runs,
+            group=GROUP,
+            entry_id=entry_id,
+            due=due,
+            body=schema.encode(task),
+            flight=self.fed.get(entry_id, ""),
+        )
+        return SettleOp.of(
+            call,
             entry_id=entry_id,
             agent=self.agent,
             outcome="retried",
