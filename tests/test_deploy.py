@@ -3,7 +3,7 @@ the worker's health probe itself is tested in tests/test_health.py.
 
 - Kubernetes: every overlay rendered by a real kustomize (kubectl's built-in one), validated
   against the Kubernetes schemas (kubernetes-validate, strict) and KEDA's CRD schemas (vendored
-  from KEDA v2.17.0, the minimum version deploy/README.md states: tests/data/), and checked
+  from KEDA v2.17.0, the minimum version docs/deployment.md states: tests/data/), and checked
   against the code: the backlog list and the stream the scaler reads are farm/keys.py's, the
   probes ask the worker's health port, the grace period covers the worker's; what KEDA reads (the
   backlog list's length, the stream's length) is checked on a real Redis while a real worker
@@ -312,8 +312,8 @@ async def test_the_list_keda_reads_holds_the_waiting_tasks_after_real_submits_an
         r.close()
 
 
-def test_deploy_readme_documents_the_secret_keys_and_the_minimum_keda_version():
-    readme = (DEPLOY / "README.md").read_text()
+def test_deploy_guide_documents_the_secret_keys_and_the_minimum_keda_version():
+    readme = (ROOT / "docs" / "deployment.md").read_text()
     docs = kustomize(DEPLOY / "k8s" / "overlays" / "farm-tls")
     keys = set()
     for d in docs:
@@ -326,7 +326,7 @@ def test_deploy_readme_documents_the_secret_keys_and_the_minimum_keda_version():
                     keys.add(ref["key"])
     assert keys == {"url", "address", "password", "username"}
     for key in keys:
-        assert re.search(rf"^\| `{key}` \|", readme, re.M), f"Secret key {key} not documented in deploy/README.md"
+        assert re.search(rf"^\| `{key}` \|", readme, re.M), f"Secret key {key} not documented in docs/deployment.md"
     assert f"KEDA {KEDA['keda_version'].lstrip('v').rsplit('.', 1)[0]}" in readme  # "KEDA 2.17"
     assert "kubectl apply -k deploy/k8s/overlays/farm" in readme
 

@@ -1,0 +1,96 @@
+"""The docs site: its configuration page lists every setting as the code defines it, and the site
+builds with `mkdocs build --strict` (a broken link, a missing page, an API reference that no longer
+resolves all fail it). scripts/test builds it too; the build here also reads what came out."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from farm.settings import FIELDS, Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+MKDOCS = Path(sys.executable).with_name("mkdocs")
+
+
+def load_hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def table_rows(markdown: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in markdown.splitlines():
+        match = re.match(r"\| `(\w+)` \| (.*) \|$", line)
+        if match:
+            rows[match.group(1)] = [cell.strip() for cell in match.group(2).split(" | ")]
+    return rows
+
+
+def test_the_configuration_page_lists_every_setting_with_its_default_and_variable():
+    rows = table_rows(load_hooks().settings_markdown())
+    assert list(rows) == list(FIELDS)  # every field, once, in the class's order
+    defaults = Settings()
+    for name, (default, env, _type, meaning) in rows.items():
+        assert meaning, name
+        value = getattr(defaults, name)
+        if value is None or value in ([], {}):
+            assert default == "none", name
+            continue
+        assert env == f"`FARM_{name.upper()}`", name
+        # The documented default, given through the documented variable, is the default itself.
+        shown = default.split("`")[1]
+        assert getattr(load_settings(env={f"FARM_{name.upper()}": shown}), name) == value, name
+
+
+def test_a_note_for_a_setting_that_is_gone_fails_the_page(tmp_path):
+    hooks = load_hooks()
+    assert set(hooks.load_notes()) <= set(FIELDS)
+    stale = tmp_path / "settings-notes.yml"
+    stale.write_text(hooks.NOTES.read_text() + "retired_setting: a setting the code no longer has\n")
+    with pytest.raises(ValueError, match="retired_setting"):
+        hooks.load_notes(stale)
+
+
+def test_a_setting_with_no_meaning_fails_the_page():
+    hooks = load_hooks()
+    comments = hooks.field_comments(Path(sys.modules["farm.settings"].__file__).read_text())
+    bare = next(name for name in FIELDS if name not in comments)  # one the notes alone explain
+    notes = {name: text for name, text in hooks.load_notes().items() if name != bare}
+    with pytest.raises(ValueError, match=bare):
+        hooks.settings_markdown(notes)
+
+
+@pytest.mark.slow
+def test_the_site_builds_strict_with_the_generated_tables_and_the_api_reference(tmp_path):
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [str(MKDOCS), "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    page = (site / "configuration" / "index.html").read_text()
+    for name in FIELDS:
+        assert f"<code>{name}</code>" in page, name
+    for name, value in msgspec.structs.asdict(Settings()).items():
+        if not isinstance(value, (list, dict)):
+            assert f"<code>FARM_{name.upper()}</code>" in page, name
+    farm_ref = (site / "reference" / "farm" / "index.html").read_text()
+    for anchor in ("farm.client.FarmClient", "farm.schema.Task", "farm.schema.Rollout", "farm.settings.load_settings"):
+        assert f'id="{anchor}"' in farm_ref, anchor
+    trainer_ref = (site / "reference" / "trainer" / "index.html").read_text()
+    assert 'id="trainer.train.build_trainer"' in trainer_ref
+    assert (site / "dashboard" / "overview-1400.png").exists()  # the screenshots ship with the site
