@@ -425,6 +425,7 @@ def test_train_takes_the_reference_config_and_passes_trl_keys_through(tmp_path, 
     """The reference keys of TRL's NeMo Gym example load as they are; a GRPOConfig key the farm does not
     know goes to TRL. run_train is replaced: this checks the parsing, the trainer tests train."""
     import trainer.train as train_mod
+    from trainer import preflight
 
     cfg = tmp_path / "config.yaml"
     cfg.write_text(
@@ -436,6 +437,7 @@ def test_train_takes_the_reference_config_and_passes_trl_keys_through(tmp_path, 
     )
     seen = {}
     monkeypatch.setattr(train_mod, "run_train", lambda settings, c: seen.update(settings=settings, cfg=c) or {"ok": 1})
+    monkeypatch.setattr(preflight, "check", lambda settings, c: [])  # no farm here: the parsing only
     assert main(["train", "--config", str(cfg)]) == 0
     assert seen["cfg"].dataset_path == "/path/train_mini_sudoku.jsonl" and seen["cfg"].trl == {"max_grad_norm": 0.5}
     from trainer.config import grpo_args

@@ -90,16 +90,19 @@ def test_rollout_func_rejects_rows_without_agent_ref_and_split_groups(settings):
 
 
 def test_missing_rollouts_become_deadline_failures(settings):
-    """No worker serves the agent: the batch comes back at the deadline, all masked, counted."""
-    from trainer.rollout import FarmRollout
+    """No worker serves the agent: an evaluation batch comes back at the deadline, all masked, counted;
+    a training batch is never handed to TRL (test_train_run.py: no step on nothing)."""
+    from trainer.rollout import FarmRollout, NoLiveWorker
 
     rollout = FarmRollout(settings, tokenizer=CharTokenizer(), timeout_s=1.0, num_generations=2)
     try:
-        out = rollout([json.dumps(trainer_row(0))] * 2)
+        batch = rollout.generate([json.dumps(trainer_row(0))] * 2, select=False)
+        with pytest.raises(NoLiveWorker):
+            rollout([json.dumps(trainer_row(0))] * 2)
     finally:
         rollout.close()
-    assert out["env_reward"] == [None, None] and out["env_mask"] == [[0], [0]]
-    assert rollout.batches[-1].metrics["farm/failed/deadline"] == 2
+    assert [s.reward for s in batch.samples] == [None, None] and [s.env_mask for s in batch.samples] == [[0], [0]]
+    assert batch.metrics["farm/failed/deadline"] == 2
 
 
 REFERENCE_YAML = """
@@ -537,6 +540,81 @@ def test_grpo_steps_through_the_farm_with_weight_sync(settings, reloadable_vllm,
     )
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_second_run_samples_from_its_own_start_weights(settings, reloadable_vllm, model_dir, tmp_path, sync_redis):
+    """An earlier run left other weights on the server and version 3 live. The next run pushes the
+    weights it starts from as version 0 before its first rollout: the server serves them again (the
+    model's own logprobs, not the earlier run's) and the first rollouts carry version 0."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from envs import mcqa
+    from farm.policy_version import announce_live
+    from trainer.config import TrainConfig
+    from trainer.train import build_trainer
+    from trainer.weights import VllmReload
+
+    torch.set_num_threads(1)
+    server, probe = reloadable_vllm, list(range(100, 120))
+    VllmReload([server.url], tmp_path)._reload(server.url, str(model_dir))  # the model as prepared
+    original = _prompt_logprobs(server, probe)
+    earlier = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        earlier.lm_head.weight.mul_(1.01)
+    VllmReload([server.url], tmp_path / "earlier").sync(earlier, AutoTokenizer.from_pretrained(model_dir), 3)
+    announce_live(sync_redis, settings.keys, 3)
+    left = _prompt_logprobs(server, probe)
+    assert max(abs(a - b) for a, b in zip(original, left)) > 1e-3  # the earlier run's weights differ
+
+    served: list[list[float]] = []
+
+    class Probe(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # after WeightSyncCallback's push
+            served.append(_prompt_logprobs(server, probe))
+
+    proc = spawn_worker(
+        settings,
+        "--agent",
+        "mcqa",
+        "--concurrency",
+        "2",
+        FARM_POLICY_URLS=server.url,
+        FARM_POLICY_MODEL=server.served_model_name,
+        FARM_POLICY_TOKENIZER=str(model_dir),
+    )
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in mcqa.generate(1, seed=3)))
+    cfg = TrainConfig(
+        model_name=str(model_dir),
+        dataset_path=str(data),
+        output_dir=str(tmp_path / "out"),
+        max_steps=1,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        max_completion_length=16,
+        rollout_timeout_s=150,
+        weight_sync_steps=1000,
+        save_steps=1000,
+        torch_threads=1,
+    )
+    try:
+        trainer, rollout, sync_cb = build_trainer(
+            settings, cfg, weight_sync=VllmReload([server.url], tmp_path / "weights"), callbacks=[Probe()]
+        )
+        trainer.train()
+        rollout.close()
+    finally:
+        out = stop(proc, timeout=60)
+    assert proc.returncode == 0, out
+    assert sync_cb.start is not None and sync_cb.start.version == 0 and sync_cb.syncs == []
+    assert max(abs(a - b) for a, b in zip(original, served[0])) < 1e-4
+    first = rollout.batches[0]
+    assert {t.policy_version for t in first.tasks} == {0}
+    assert {r.policy_version for r in first.rollouts} == {0}, [r.error for r in first.rollouts]
+    assert first.metrics["farm/staleness/max"] == 0
+    assert int(sync_redis.get(settings.keys.policy_version())) == 0
+
+
 @pytest.mark.slow
 def test_farm_train_runs_from_a_yaml_file(settings, noop_worker, model_dir, tmp_path):
     """`farm train --config`: one step on noop rollouts."""
@@ -565,5 +643,5 @@ def test_farm_train_runs_from_a_yaml_file(settings, noop_worker, model_dir, tmp_
     )
     assert main(["train", "--config", str(config)]) == 0
     summary = json.loads((tmp_path / "out" / "farm_summary.json").read_text())
-    assert summary["global_step"] == 1 and summary["policy_version"] == 1
+    assert summary["global_step"] == 1 and summary["policy_version"] == 1 and summary["unusable_batches"] == 0
     assert (tmp_path / "out" / "model.safetensors").is_file()

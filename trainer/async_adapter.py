@@ -31,8 +31,9 @@ all have one reward (every advantage 0), counted as `farm/groups/zero_variance_d
 row cycle simply goes on, so no refill bound is needed. `oversample` keeps
 ceil(max_groups_in_flight * oversample) groups submitted: this path already takes each group as
 it completes, so oversampling only adds groups in flight, and nothing is cancelled for being
-slow (trainer/sampling.py is the synchronous path's choice). `stop()` cancels every task still
-open, so workers stop generating for a trainer that is gone (`farm/cancelled_on_stop`).
+slow (trainer/sampling.py is the synchronous path's choice). `stop()` (which TRL calls however
+training ends, Ctrl-C included) cancels the whole run (`cancel_run`: every task still queued or
+running), so workers stop generating for a trainer that is gone (`farm/cancelled_on_stop`).
 
 Weight sync itself stays with the trainer's WeightTransferProtocol (NCCL to TRL's vLLM server
 on a GPU, or a trainer.weights.VllmReload wrapped as one).
@@ -210,10 +211,23 @@ class FarmRolloutWorker:
                     d.result()
         finally:
             await cancel_and_wait(in_flight)
-            if self._open:
-                stopped = await self._cancel(client, list(self._open.values()))
+            stopped = await self._cancel_run(client)
+            if stopped:
                 self.metrics_queue.put({"farm/cancelled_on_stop": float(stopped)})
             await client.aclose()
+
+    async def _cancel_run(self, client: FarmClient) -> int:
+        """Cancel every task of the run still queued or running (those of a submit cut short by the stop
+        too); how many there were."""
+        reader = client.reader(self.run_id)
+        for task_id in self._open:
+            reader.drop(task_id)
+        self._open.clear()
+        try:
+            return (await client.cancel_run(self.run_id)).open_count
+        except TransportError as exc:
+            log.warning("could not cancel run %s (%s); its late rollouts are dropped", self.run_id, exc)
+            return 0
 
     def _staleness(self, rollouts: Iterable[Rollout]) -> int:
         """How many versions behind the current one the group's oldest generation started."""

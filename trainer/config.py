@@ -17,10 +17,21 @@ needs TRL's own vLLM for it): every farm rollout carries its sampler's logprobs,
 trainer.grpo applies TRL's correction to them without TRL's vLLM. Its mode and bounds are TRL's
 keys, passed through as they are (`vllm_importance_sampling_mode`, default `sequence_mask`;
 `vllm_importance_sampling_clip_max`, default 3.0; `vllm_importance_sampling_clip_min`).
+
+The farm samples and syncs the weights, so the TRL keys that would have TRL do either are refused
+(`use_vllm: true`, `vllm_mode`, `vllm_server_*`, `vllm_group_port`: ConfigError, exit 2, before the
+model loads), and those that tune TRL's own generation (`top_k`, `vllm_gpu_memory_utilization`,
+...) are accepted with a warning that they change nothing. The sampling the farm's tasks carry
+comes from `temperature`, `top_p` and `max_completion_length`.
+
+A step whose batch has fewer than `min_usable_groups` groups holding a trainable rollout is not
+trained on: its prompts are submitted again, and after `max_unusable_batches` such batches in a
+row the run stops (trainer/rollout.py).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -28,6 +39,28 @@ import msgspec
 
 from farm.errors import ConfigError
 from farm.settings import read_yaml_mapping
+
+log = logging.getLogger("farm.trainer")
+
+# TRL keys that would start TRL's own vLLM client (server mode, NCCL weight pushes): refused.
+REFUSED = frozenset({"vllm_mode", "vllm_group_port"})
+# TRL keys for TRL's own generation, which never runs here: accepted, with a warning.
+IGNORED = frozenset(
+    {
+        "vllm_model_impl",
+        "vllm_enable_sleep_mode",
+        "vllm_structured_outputs_regex",
+        "vllm_gpu_memory_utilization",
+        "vllm_max_model_length",
+        "vllm_tensor_parallel_size",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "generation_kwargs",
+        "use_transformers_paged",
+        "cache_implementation",
+    }
+)
 
 
 class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -53,8 +86,6 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eval_steps: Optional[int] = None
     vllm_importance_sampling_correction: bool = True  # TRL's IS correction, from the farm's sampler logprobs
     # A few more TRL knobs worth having in the file.
-    use_vllm: bool = False  # TRL's own vLLM (GPU, server mode); the farm needs none
-    vllm_server_base_url: Optional[str] = None
     beta: float = 0.0
     logging_steps: int = 1
     seed: int = 0
@@ -78,6 +109,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     oversample: float = 1.0  # submit this many times the groups a step needs; keep the first done, cancel the rest
     drop_zero_variance_groups: bool = False  # a group whose rewards are all equal is dropped and replaced
     max_refills: int = 4  # at most this many rounds of replacement groups per step
+    min_usable_groups: int = 1  # a batch with fewer groups holding a trainable rollout is not trained on
+    max_unusable_batches: int = 3  # submit a step's prompts again this many times, then stop the run
+    worker_wait_s: float = 10.0  # pre-flight: how long every agent the data names may take to show a live worker
     share: float = 1.0  # this run's share of the farm's workers while other runs have a backlog (farm.fairness)
     # Any other top-level key is one of TRL's GRPOConfig arguments, passed to it as it is (TRL checks it).
     trl: dict[str, Any] = {}
@@ -101,6 +135,10 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"share must be above 0 and at most 1e6, got {self.share}")
         if self.max_refills < 0:
             raise ValueError(f"max_refills must be >= 0, got {self.max_refills}")
+        if self.min_usable_groups < 1 or self.max_unusable_batches < 1:
+            raise ValueError("min_usable_groups and max_unusable_batches must be >= 1")
+        if not self.worker_wait_s >= 0:
+            raise ValueError(f"worker_wait_s must be >= 0, got {self.worker_wait_s}")
         if self.lora_r is not None and self.lora_r < 1:
             raise ValueError(f"lora_r must be >= 1, got {self.lora_r}")
         if self.eval_strategy != "no" and not self.eval_dataset_path:
@@ -122,10 +160,29 @@ def load_train_config(path: str | Path, overrides: Optional[dict[str, Any]] = No
     data.update(overrides or {})
     ours = set(TrainConfig.__struct_fields__) - {"trl"}
     data["trl"] = {k: data.pop(k) for k in list(data) if k not in ours}
+    check_trl_keys(data["trl"], str(path))
     try:
         return msgspec.convert(data, TrainConfig, strict=False)
     except (msgspec.ValidationError, ValueError) as exc:
         raise ConfigError(f"invalid training config {path}: {exc}") from None
+
+
+def refused_key(key: str, value: Any) -> bool:
+    """A TRL key that would make TRL sample or sync weights itself: the farm does both."""
+    return (key == "use_vllm" and bool(value)) or key in REFUSED or key.startswith("vllm_server_")
+
+
+def check_trl_keys(keys: dict[str, Any], where: str = "training config", warn: bool = True) -> None:
+    """Refuse the keys the farm replaces (one line, exit 2), and say which ones change nothing."""
+    refused = sorted(k for k, v in keys.items() if refused_key(k, v))
+    if refused:
+        raise ConfigError(
+            f"{where}: {', '.join(refused)}: the farm samples and syncs the weights itself; remove "
+            f"{'it' if len(refused) == 1 else 'them'} (the policy servers are the farm's policy_urls)"
+        )
+    ignored = sorted(k for k in keys if k in IGNORED)
+    if ignored and warn:
+        log.warning("%s: %s change nothing here (the farm's workers sample, not TRL)", where, ", ".join(ignored))
 
 
 def grpo_args(cfg: TrainConfig, **extra: Any):
@@ -147,7 +204,6 @@ def grpo_args(cfg: TrainConfig, **extra: Any):
         logging_steps=cfg.logging_steps,
         seed=cfg.seed,
         beta=cfg.beta,
-        use_vllm=cfg.use_vllm,
         num_train_epochs=cfg.num_train_epochs,
         bf16=cfg.bf16,
         run_name=f"{cfg.task}",
@@ -158,10 +214,7 @@ def grpo_args(cfg: TrainConfig, **extra: Any):
         kwargs["max_completion_length"] = cfg.completion_limit
     if cfg.eval_steps:
         kwargs["eval_steps"] = cfg.eval_steps
-    if cfg.use_vllm:
-        kwargs["vllm_mode"] = "server"
-        if cfg.vllm_server_base_url:
-            kwargs["vllm_server_base_url"] = cfg.vllm_server_base_url
+    check_trl_keys({**cfg.trl, **extra}, warn=False)
     kwargs.update(cfg.trl)
     kwargs.update(extra)
     try:

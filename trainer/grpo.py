@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from trl import GRPOTrainer
 
+from farm.errors import ConfigError
+
 
 class FarmSampler:
     """Stands in for TRL's VLLMGeneration: the farm samples, WeightSyncCallback syncs its servers."""
@@ -44,9 +46,15 @@ class FarmGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that treats the rollout_func's `logprobs` as the sampler's, for TRL's IS correction."""
 
     def __init__(self, *args, **kwargs):
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if getattr(config, "use_vllm", False):  # before TRL builds a vLLM client of its own
+            raise ConfigError(
+                "use_vllm: the farm samples and syncs the weights itself; remove it (FarmGRPOTrainer takes its "
+                "rollouts from its rollout_func)"
+            )
         super().__init__(*args, **kwargs)
-        # TRL's own vLLM (use_vllm in the config) corrects by itself; with the correction off TRL is left as it is.
-        self.farm_importance_sampling = not self.use_vllm and self.vllm_importance_sampling_correction
+        # With the correction off TRL is left as it is.
+        self.farm_importance_sampling = self.vllm_importance_sampling_correction
         if not self.farm_importance_sampling:
             return
         if self.rollout_func is None or self.tools:

@@ -31,6 +31,13 @@ never scored 0: one placeholder token with env_mask 0 (nothing reaches the loss)
 `env_reward=None`, which TRL turns into NaN and excludes from the group baseline and the
 advantages. Failures are counted per kind in the logged metrics.
 
+A training batch with fewer than `min_usable_groups` groups holding a trainable rollout (all
+failed, say) is never returned to TRL, so TRL takes no optimizer step and the trainer syncs no
+weights on it: the step's prompts are submitted again, up to `max_unusable_batches` batches, and
+then the run stops (UnusableBatches); it stops at once (NoLiveWorker, exit 5) when an agent whose
+rollouts failed has no live worker, which no resubmission can mend. Evaluation batches are
+returned as they come.
+
 A rollout whose tokens come in several segments (`Rollout.segments`: a harness that edited its
 history, workers/gateway) would be several samples, and TRL gives this path one sample per
 prompt: it is masked as a failure is (reward None, never 0) and counted as
@@ -54,7 +61,7 @@ import uuid
 from typing import Any, AsyncGenerator, Callable, Optional, cast
 
 from farm.client import FarmClient
-from farm.errors import ConfigError, TransportError
+from farm.errors import EXIT_UNKNOWN_AGENT, ConfigError, FarmError, TransportError
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
 from trainer.batch import MULTI_SEGMENT, Batch, Sample, batch_metrics, summary
@@ -63,16 +70,46 @@ from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups, one
 log = logging.getLogger("farm.trainer")
 
 
+class UnusableBatches(FarmError):
+    """Batch after batch had too few trainable rollouts: the run stops rather than train on nothing."""
+
+
+class NoLiveWorker(FarmError):
+    """An agent the data names has no live worker: its tasks would wait for nothing."""
+
+    exit_code = EXIT_UNKNOWN_AGENT
+
+
 class _LoopThread:
-    """One asyncio loop in a daemon thread; `run(coro)` blocks until the coroutine finishes."""
+    """One asyncio loop in a daemon thread; `run(coro)` blocks until the coroutine finishes.
+
+    Interrupted while it waits (Ctrl-C, SIGTERM: an exception raised in the calling thread), `run`
+    cancels the coroutine and lets it finish its cleanup (closing its result stream) before the
+    exception goes on, so the client is free for the run's cancel and nothing is left pending.
+    """
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="farm-rollout-loop", daemon=True)
         self.thread.start()
 
-    def run(self, coro) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def run(self, coro, cleanup_s: float = 10.0) -> Any:
+        ended = threading.Event()
+
+        async def watched():
+            try:
+                return await coro
+            finally:
+                ended.set()
+
+        future = asyncio.run_coroutine_threadsafe(watched(), self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():
+                future.cancel()  # cancels the coroutine in the loop's thread
+                ended.wait(cleanup_s)
+            raise
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -88,7 +125,7 @@ def parse_row(prompt: Any) -> dict:
     if not isinstance(row, dict) or not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
         raise ValueError(
             "each prompt must be a NeMo Gym row (JSON) with agent_ref.name; "
-            "load the dataset with trainer.data.load_rows / to_dataset"
+            "load the dataset with trainer.train.load_rows and trainer.train.to_dataset"
         )
     return row
 
@@ -120,8 +157,12 @@ class FarmRollout:
         spare_rows: Optional[list[dict]] = None,
         spare_seed: int = 0,
         share: float = 1.0,
+        min_usable_groups: int = 1,
+        max_unusable_batches: int = 3,
     ):
         extra_groups(1, oversample)  # checks it
+        if min_usable_groups < 1 or max_unusable_batches < 1:
+            raise ValueError("min_usable_groups and max_unusable_batches must be >= 1")
         if max_refills < 0:
             raise ValueError("max_refills must be >= 0")
         if (oversample > 1.0 or (drop_zero_variance_groups and max_refills > 0)) and not spare_rows:
@@ -142,6 +183,9 @@ class FarmRollout:
         )
         self.share = share  # of the farm's workers, while other runs have a backlog (farm.fairness)
         self.spares = SpareRows([parse_row(r) for r in spare_rows], seed=spare_seed) if spare_rows else None
+        self.min_usable_groups, self.max_unusable_batches = min_usable_groups, max_unusable_batches
+        self.unusable_batches = 0  # batches not trained on, over the run
+        self.step = 0  # the optimizer step being generated for (TRL's global_step + 1)
         self.version = 0
         self.batches: list[Batch] = []
         self.keep_batches = keep_batches
@@ -160,6 +204,8 @@ class FarmRollout:
         if trainer is not None:
             training = getattr(getattr(trainer, "model", None), "training", True)
             num_generations = trainer.num_generations if training else trainer.num_generations_eval
+            state = getattr(trainer, "state", None)
+            self.step = state.global_step + 1 if state is not None else self.step
             args = trainer.args
             sampling = Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_completion_length)
         batch = self.generate(prompts, num_generations, sampling, select=training)
@@ -254,10 +300,56 @@ class FarmRollout:
         *,
         select: bool = True,
     ) -> Batch:
-        """One step's batch. `select` False (evaluation) takes TRL's groups only, as they come."""
-        sel, spawn = self._selection(
-            prompts, num_generations or self.num_generations, sampling or self.sampling, select
+        """One step's batch. `select` False (evaluation) takes TRL's groups only, as they come.
+
+        A training batch with fewer than `min_usable_groups` groups holding a trainable rollout is
+        never handed to TRL (no optimizer step, no weight sync on it): the prompts are submitted
+        again, and the run stops after `max_unusable_batches` such batches in a row, or at once when
+        an agent of the failed groups has no live worker left."""
+        n, sampling = num_generations or self.num_generations, sampling or self.sampling
+        for attempt in range(1, self.max_unusable_batches + 1):
+            batch = self._generate_once(prompts, n, sampling, select)
+            usable_groups = sum(
+                any(s.reward is not None for s in batch.samples[i : i + n]) for i in range(0, len(batch.samples), n)
+            )
+            batch.metrics["farm/usable_groups"] = float(usable_groups)
+            batch.metrics["farm/unusable_batches"] = float(attempt - 1)
+            if not select or usable_groups >= self.min_usable_groups:
+                return batch
+            self.unusable_batches += 1
+            why = (
+                f"step {self.step}: {usable_groups} of {len(batch.samples) // n} groups have a trainable rollout "
+                f"(min_usable_groups {self.min_usable_groups}; {summary(batch.metrics)})"
+            )
+            self._stop_without_workers(batch, why)
+            if attempt < self.max_unusable_batches:
+                log.warning(
+                    "%s: not trained on; submitting the step's prompts again (%d of %d)",
+                    why,
+                    attempt,
+                    self.max_unusable_batches,
+                )
+        raise UnusableBatches(
+            f"{why}; {self.max_unusable_batches} batches in a row were unusable, none trained on: stopping "
+            "(max_unusable_batches)"
         )
+
+    def _stop_without_workers(self, batch: Batch, why: str) -> None:
+        """An agent whose tasks failed has no live worker: no retry can help, stop now (exit 5)."""
+        failed = {s.agent for s in batch.samples if s.reward is None}
+        try:
+            live = self._loop.run(self.client.live_agents())
+        except TransportError:
+            return
+        missing = sorted(failed - live)
+        if missing:
+            raise NoLiveWorker(
+                f"{why}: no live worker for agent {', '.join(missing)}: start `farm worker --agent {missing[0]}` "
+                "(or run `farm train --embedded`)"
+            )
+
+    def _generate_once(self, prompts: list, num_generations: int, sampling: Sampling, select: bool) -> Batch:
+        sel, spawn = self._selection(prompts, num_generations, sampling, select)
         t0 = time.perf_counter()
         open_ids, cancelled_ids, cancelled_at = self._loop.run(self._collect(sel, spawn))
         wall = time.perf_counter() - t0
@@ -373,6 +465,13 @@ class FarmRollout:
         )
         ids = self.tokenizer(text or " ", add_special_tokens=False)["input_ids"][:64]
         return ids or [self.tokenizer.eos_token_id]
+
+    def cancel_run(self) -> str:
+        """Cancel every task of this run still queued or running (an interrupted run); one line saying what."""
+        try:
+            return self._loop.run(self.client.cancel_run(self.run_id)).line()
+        except TransportError as exc:
+            return f"could not cancel run {self.run_id}: {exc}"
 
     def close(self) -> None:
         try:

@@ -27,7 +27,8 @@ from farm.policy_version import announce_live, announce_loading
 from farm.settings import Settings
 from trainer.config import TrainConfig, grpo_args
 from trainer.rollout import FarmRollout, env_reward
-from trainer.weights import NoSync, VllmReload, WeightSync
+from trainer.stops import Interrupted, StopRun, StopSignals, held_signals, stop_line
+from trainer.weights import NoSync, SyncResult, VllmReload, WeightSync
 
 log = logging.getLogger("farm.trainer")
 
@@ -59,7 +60,8 @@ def _callback_base():
 
 
 class WeightSyncCallback(_callback_base()):
-    """Every K optimizer steps: push the weights to the servers, then bump the policy version."""
+    """At the start, policy version 0: the trainer's own weights pushed to the servers. Then every K
+    optimizer steps: push the weights to the servers, then bump the policy version."""
 
     def __init__(
         self,
@@ -72,26 +74,48 @@ class WeightSyncCallback(_callback_base()):
         self.rollout, self.sync, self.every = rollout, sync, every
         self.redis_url, self.namespace = redis_url, namespace
         self.trainer = None
+        self.start: Optional[SyncResult] = None  # the push of the start weights (version 0)
         self.syncs: list[Any] = []
+
+    @property
+    def last_weights(self) -> Optional[str]:
+        """The directory holding the weights of the live policy version (None when none was saved)."""
+        last = self.syncs[-1] if self.syncs else self.start
+        return last.path if last is not None else None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """The servers may still serve what an earlier run pushed: the first step samples from ours."""
+        if self.trainer is None:
+            return
+        version = self.rollout.version
+        self.start, seconds = self._publish(version)
+        pushed = "pushed to the servers" if self.start.path else "not pushed (weight_sync: none)"
+        log.info("policy v%d = the trainer's start weights, %s (%.1fs)", version, pushed, seconds)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every or self.trainer is None:
             return
+        result, seconds = self._publish(self.rollout.version + 1)
+        self.syncs.append(result)
+        self.trainer._log_metric("farm/weight_sync_s", seconds)
+        log.info("step %d: policy v%d published (sync %.1fs)", state.global_step, result.version, seconds)
+
+    def _publish(self, version: int) -> tuple[SyncResult, float]:
+        """Sync the servers to `version` and announce it (main process); every rank then moves to it.
+        A stop signal waits until the servers and Redis agree on which version is live."""
         accelerator = self.trainer.accelerator
-        version = self.rollout.version + 1
         t0 = time.perf_counter()
-        if accelerator.is_main_process:
-            self._announce(announce_loading, version)  # rollouts generating from here on may span two versions
-            result = self.sync.sync(
-                accelerator.unwrap_model(self.trainer.model), self.trainer.processing_class, version
-            )
-            self.syncs.append(result)
-            self._announce(announce_live, version)
+        result = SyncResult(version=version)
+        with held_signals():
+            if accelerator.is_main_process:
+                self._announce(announce_loading, version)  # rollouts generating from here on may span two versions
+                result = self.sync.sync(
+                    accelerator.unwrap_model(self.trainer.model), self.trainer.processing_class, version
+                )
+                self._announce(announce_live, version)
+            self.rollout.version = version
         accelerator.wait_for_everyone()  # no rank submits tasks of the new version before its weights are live
-        self.rollout.version = version
-        result_s = time.perf_counter() - t0
-        self.trainer._log_metric("farm/weight_sync_s", result_s)
-        log.info("step %d: policy v%d published (sync %.1fs)", state.global_step, version, result_s)
+        return result, time.perf_counter() - t0
 
     def _announce(self, announce, version: int) -> None:
         """Tell the workers (farm/policy_version.py) that `version` is loading, or live."""
@@ -172,6 +196,8 @@ def build_trainer(
         drop_zero_variance_groups=cfg.drop_zero_variance_groups,
         max_refills=cfg.max_refills,
         share=cfg.share,
+        min_usable_groups=cfg.min_usable_groups,
+        max_unusable_batches=cfg.max_unusable_batches,
         spare_rows=train_rows,
         spare_seed=cfg.seed + int(os.environ.get("RANK", "0")),
     )
@@ -215,19 +241,40 @@ def lora_config(cfg: TrainConfig):
 
 
 def run_train(settings: Settings, cfg: TrainConfig) -> dict:
-    """Train; returns a small summary (steps, last metrics, policy version)."""
-    trainer, rollout, sync_cb = build_trainer(settings, cfg)
+    """Train; returns a small summary (steps, last metrics, policy version). On SIGINT or SIGTERM the
+    run's outstanding tasks are cancelled and it ends with Interrupted (trainer/stops.py)."""
+    built = None
     try:
-        out = trainer.train()
-        trainer.save_model(cfg.output_dir)
+        with StopSignals():
+            built = build_trainer(settings, cfg)
+            trainer, rollout, sync_cb = built
+            out = trainer.train()
+            with held_signals():
+                trainer.save_model(cfg.output_dir)
+    except StopRun as stop:
+        raise _interrupted(cfg, built, stop.signum) from None
     finally:
-        rollout.close()
+        if built is not None:
+            built[1].close()
     summary = {
         "global_step": trainer.state.global_step,
         "train_loss": out.training_loss,
         "policy_version": rollout.version,
         "syncs": len(sync_cb.syncs),
+        "unusable_batches": rollout.unusable_batches,
     }
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / "farm_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _interrupted(cfg: TrainConfig, built: Optional[tuple], signum: int) -> Interrupted:
+    """Cancel what the run still has queued or running; the one line that says where it stopped."""
+    if built is None:  # stopped while the model loaded: nothing submitted, nothing pushed
+        return Interrupted(stop_line(0, cfg.max_steps, None, None), signum)
+    trainer, rollout, sync_cb = built
+    with held_signals():
+        log.info("%s", rollout.cancel_run())
+    step = min(trainer.state.global_step + 1, cfg.max_steps)
+    weights = sync_cb.last_weights or (os.path.expanduser(cfg.model_name) if rollout.version == 0 else None)
+    return Interrupted(stop_line(step, cfg.max_steps, weights, rollout.version), signum)

@@ -8,7 +8,10 @@ server's weights in place from a directory: `POST /collective_rpc` with
 the checkpoint and copies it into the live parameters. The endpoint exists only when the
 server runs with `VLLM_SERVER_DEV_MODE=1`; afterwards `POST /reset_prefix_cache` drops KV
 blocks computed with the old weights. `DIR` must be readable by the server (same machine or
-a shared filesystem); each sync writes a fresh `v<N>` directory and deletes older ones.
+a shared filesystem); each sync writes a fresh `v<N>` directory (whole or absent: it is written
+as `v<N>.partial` and renamed) and deletes older ones. Version 0 is the trainer's start: the
+weights it holds when training begins, pushed before the first rollout, so a run never samples
+from what an earlier run left on the servers.
 
 Cost measured on the 2-core CPU box with SmolLM2-135M (float32, 540 MB): save_pretrained
 ~1-2 s, reload_weights ~2.4 s, reset_prefix_cache ~0.03 s; no restart (a restart costs ~40 s).
@@ -72,6 +75,23 @@ def save_full_weights(model, path: Path) -> None:
         model.unmerge_adapter()
 
 
+def save_whole(model, tokenizer, path: Path) -> None:
+    """Save into `<path>.partial`, then rename it to `path`: a directory named v<N> is always whole,
+    whatever stops the save (a full disk, Ctrl-C). A `path` left by an earlier run is replaced."""
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        save_full_weights(model, partial)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(partial)
+        shutil.rmtree(path, ignore_errors=True)
+        partial.rename(path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
 @dataclass
 class NoSync:
     """Bump the version only (the servers keep their weights): for tests and rollout-only runs."""
@@ -93,10 +113,7 @@ class VllmReload:
     def sync(self, model, tokenizer, version: int) -> SyncResult:
         path = Path(self.weights_dir) / f"v{version}"
         t0 = time.perf_counter()
-        path.mkdir(parents=True, exist_ok=True)
-        save_full_weights(model, path)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(path)
+        save_whole(model, tokenizer, path)
         t1 = time.perf_counter()
         for url in self.urls:
             self._reload(url.rstrip("/").removesuffix("/v1"), str(path.resolve()))
@@ -126,7 +143,9 @@ class VllmReload:
             raise WeightSyncError(f"could not reload weights on {base}: {exc}") from None
 
     def _prune(self, version: int) -> None:
+        """Keep the last `keep` versions this run wrote; older ones, and any an earlier run left, go."""
+        kept = {r.version for r in self.history[-self.keep :]}
         for old in Path(self.weights_dir).glob("v*"):
             suffix = old.name[1:]
-            if suffix.isdigit() and int(suffix) <= version - self.keep:
+            if suffix.isdigit() and int(suffix) not in kept:
                 shutil.rmtree(old, ignore_errors=True)

@@ -169,7 +169,10 @@ def collect(
     return run_collect(g.settings(), options)["exit_code"]
 
 
-@cli.command(epilog="Example:\n\n  farm train --config configs/grpo_smollm2_multi_env.yaml")
+@cli.command(
+    epilog="Examples:\n\n  farm train --config configs/grpo_smollm2_multi_env.yaml --embedded\n\n"
+    "  farm train --config configs/grpo_smollm2_multi_env.yaml   (Redis, vLLM and workers started apart)"
+)
 @click.option(
     "-c",
     "--config",
@@ -178,18 +181,29 @@ def collect(
     type=click.Path(exists=True, dir_okay=False),
     help="training YAML: TRL's GRPOConfig keys at the top, the farm's settings under `farm:`.",
 )
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="start Redis (unless redis_url is set), vLLM serving model_name with weight sync, and one worker "
+    "pool per agent the rows name; stop them at the end.",
+)
+@click.option("--workers", type=COUNT, default=1, show_default=True, help="worker processes per agent with --embedded.")
+@click.option("--worker-concurrency", type=COUNT, default=None, help="rollouts per worker process with --embedded.")
+@click.option("--max-steps", type=COUNT, default=None, help="override the config's max_steps.")
 @pass_globals
-def train(g: Globals, train_config) -> int:
-    """GRPO with TRL on rollouts from the farm."""
+def train(g: Globals, train_config, embedded, workers, worker_concurrency, max_steps) -> int:
+    """GRPO with TRL on rollouts from the farm: pre-flight checks, then training with weight sync."""
     from farm.settings import read_yaml_mapping
     from trainer.config import load_train_config
-    from trainer.train import run_train
+    from trainer.launch import Embedded, run
 
-    cfg = load_train_config(train_config)
+    # A key the farm refuses fails here, before anything starts.
+    cfg = load_train_config(train_config, {"max_steps": max_steps} if max_steps else None)
     # The farm's settings: the global --config, else the training file's `farm:` section, else defaults.
     own = g.config or (train_config if "farm" in read_yaml_mapping(train_config) else None)
     settings = load_settings(own, overrides=g.overrides)
-    click.echo(json.dumps(run_train(settings, cfg)))
+    spec = Embedded(workers, worker_concurrency, own) if embedded else None
+    click.echo(json.dumps(run(settings, cfg, spec)))
     return 0
 
 

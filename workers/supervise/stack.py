@@ -6,7 +6,8 @@ sequence, so it is written once here:
 1. Redis: the configured `redis_url`, else the embedded one already listening on
    embedded_port, else a new embedded one owned by the stack (`farm.embedded.ensure_redis`).
 2. Optionally the embedded policy server (real vLLM, `workers.policy.serving`); the children
-   and the stack's settings then point at it (`policy_env`).
+   and the stack's settings then point at it (`policy_env`). For a training run it serves the
+   dev endpoints weight sync reloads through (`ServePolicy(weight_sync=True)`).
 3. One `python -m farm worker --agent NAME --processes P` child per pool, each in a session
    of its own (so a pool's own children are stopped with it), with settings passed as FARM_*
    variables, never on the command line, logging to `<log_dir>/<log_prefix>-<label>.log`.
@@ -32,6 +33,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from farm.errors import FarmError
 from farm.settings import Settings
+from workers.policy.serving import PolicyServer
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class ServePolicy:
     port: int = 0  # 0: a free port
     max_model_len: int = 2048
     log_name: str = "vllm.log"  # under the data directory's logs/
+    weight_sync: bool = False  # serve the dev endpoints a trainer reloads weights through (VLLM_SERVER_DEV_MODE=1)
 
 
 def policy_env(url: str, model: str, tokenizer: str | os.PathLike) -> dict[str, str]:
@@ -91,6 +94,14 @@ def stop_all(procs: Sequence[subprocess.Popen], timeout_s: float = 60.0) -> None
             except ProcessLookupError:
                 pass
             p.wait()
+
+
+class ReloadableServer(PolicyServer):
+    """A PolicyServer with vLLM's dev endpoints on: `/collective_rpc`, which a trainer's weight sync
+    reloads through (trainer/weights.py), exists only with VLLM_SERVER_DEV_MODE=1."""
+
+    def environment(self) -> dict[str, str]:
+        return {**super().environment(), "VLLM_SERVER_DEV_MODE": "1"}
 
 
 class LocalStack:
@@ -150,11 +161,12 @@ class LocalStack:
         return self
 
     def _serve(self, s: Settings, spec: ServePolicy) -> Settings:
-        from workers.policy.serving import PolicyServer, default_cache, prepare_model
+        from workers.policy.serving import default_cache, prepare_model
 
         model = spec.model or prepare_model(default_cache())
         log_path = s.data_path / "logs" / spec.log_name
-        server = PolicyServer(model, port=spec.port, max_model_len=spec.max_model_len, log_path=log_path)
+        kind = ReloadableServer if spec.weight_sync else PolicyServer
+        server = kind(model, port=spec.port, max_model_len=spec.max_model_len, log_path=log_path)
         self.policy_server = self._exit.enter_context(server)
         self.env.update(policy_env(server.url, server.served_model_name, model))
         return s.replace(policy_urls=[server.url], policy_model=server.served_model_name, policy_tokenizer=str(model))
