@@ -5,6 +5,7 @@ resolves all fail it). scripts/test builds it too; the build here also reads wha
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,18 +70,22 @@ def test_a_setting_with_no_meaning_fails_the_page():
         hooks.settings_markdown(notes)
 
 
-@pytest.mark.slow
-def test_the_site_builds_strict_with_the_generated_tables_and_the_api_reference(tmp_path):
-    site = tmp_path / "site"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run(
-        [str(MKDOCS), "build", "--strict", "--site-dir", str(site)],
-        cwd=ROOT,
-        env=env,
+def build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    """The build scripts/test runs (without --quiet, which would hide the warnings --strict counts)."""
+    return subprocess.run(
+        [str(MKDOCS), "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
+        cwd=config.parent,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
         text=True,
         timeout=240,
     )
+
+
+@pytest.mark.slow
+def test_the_site_builds_strict_with_the_generated_tables_and_the_api_reference(tmp_path):
+    site = tmp_path / "site"
+    done = build(ROOT / "mkdocs.yml", site)
     assert done.returncode == 0, done.stderr[-4000:]
     page = (site / "configuration" / "index.html").read_text()
     for name in FIELDS:
@@ -94,3 +99,15 @@ def test_the_site_builds_strict_with_the_generated_tables_and_the_api_reference(
     trainer_ref = (site / "reference" / "trainer" / "index.html").read_text()
     assert 'id="trainer.train.build_trainer"' in trainer_ref
     assert (site / "dashboard" / "overview-1400.png").exists()  # the screenshots ship with the site
+
+
+@pytest.mark.slow
+def test_a_broken_link_fails_the_build(tmp_path):
+    """Negative control: the same build of the same pages, one link pointing nowhere."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    with (tmp_path / "docs" / "index.md").open("a") as page:
+        page.write("\nSee [a page that does not exist](no-such-page.md).\n")
+    (tmp_path / "mkdocs.yml").write_text(f"INHERIT: {ROOT / 'mkdocs.yml'}\n")
+    done = build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode != 0
+    assert "no-such-page.md" in done.stderr
