@@ -399,3 +399,42 @@ def test_the_docs_script_runs_as_written(tmp_path, settings, noop_worker, weight
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [Path(p["kwargs"]["weights_path"]).name for p in weights_server.pushes] == ["v0", "v1", "v2"]
     assert sorted(p.name for p in (tmp_path / "out" / "policy").iterdir()) == ["v2"]
+
+
+def test_a_stop_during_training_says_where_and_a_sync_in_progress_finishes_first(
+    tmp_path, settings, noop_worker, small_model, monkeypatch
+):
+    """SIGINT at the end of step 1, while the weight sync of step 1 runs: the sync finishes (policy
+    version 1), then the run stops before step 2 with its one line; exit code 130 from Interrupted."""
+    from trainer import train as train_mod
+    from trainer.config import load_train_config
+    from trainer.stops import Interrupted
+    from trainer.weights import NoSync
+
+    class SignalledSync(NoSync):
+        def sync(self, model, tokenizer, version):
+            if version == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # held until the sync and its announcement are done
+                time.sleep(0.2)
+            return super().sync(model, tokenizer, version)
+
+    built = train_mod.build_trainer
+    monkeypatch.setattr(train_mod, "build_trainer", lambda s, c: built(s, c, weight_sync=SignalledSync()))
+    rows = [trainer_row(i, tokens=4, reward=float(i)) for i in range(2)]
+    cfg = load_train_config(write_config(tmp_path, settings, rows, small_model, weight_sync="none"))
+    with pytest.raises(Interrupted) as exc:
+        train_mod.run_train(settings, cfg)
+    assert exc.value.exit_code == 130
+    assert str(exc.value) == "interrupted at step 2 of 2; no weights saved (weight_sync: none), policy version 1"
+
+
+def test_held_signals_deliver_the_signal_after_the_block(settings):
+    from trainer.stops import StopRun, StopSignals, held_signals
+
+    done = []
+    with pytest.raises(StopRun) as exc, StopSignals():
+        with held_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            done.append(True)  # not cut short
+    assert done and exc.value.signum == signal.SIGTERM
