@@ -9,8 +9,9 @@ the layer that does the work (farm, workers, producer, trainer), which tests cal
 
 Expected failures end in one line, `farm: <what went wrong and what to do>`, and an exit code
 of its kind (farm.errors): 2 usage or configuration, 3 Redis unavailable, 4 Redis refused
-the credentials, 5 unknown agent, 6 no such run, 1 anything else, 130 interrupted. `--debug` shows the
-traceback. Shell completion: `farm completion bash` (or zsh, fish) prints the script.
+the credentials, 5 unknown agent (or, for `farm train`, an agent with no live worker), 6 no
+such run, 1 anything else, 130 interrupted (143: `farm train` stopped by SIGTERM). `--debug`
+shows the traceback. Shell completion: `farm completion bash` (or zsh, fish) prints the script.
 """
 
 from __future__ import annotations
