@@ -37,7 +37,7 @@ def row_types(agent_envs: Optional[Mapping[str, str]] = None) -> RowTypeOf:
     """agent name -> the Row type of the environment serving it (configured agents through
     `agent_envs`, else the environment of that name); None for agents without one (`noop`).
     Each environment class is looked up once."""
-    from envs.sdk import available_envs
+    from envs.sdk import available_envs, env_class
 
     envs = available_envs()
     found: dict[str, Optional[type]] = {}
@@ -45,7 +45,7 @@ def row_types(agent_envs: Optional[Mapping[str, str]] = None) -> RowTypeOf:
     def of(agent: str) -> Optional[type]:
         if agent not in found:
             env = (agent_envs or {}).get(agent, agent)
-            found[agent] = getattr(envs[env].load(), "row_type", None) if env in envs else None
+            found[agent] = getattr(env_class(env), "row_type", None) if (env in envs or ":" in env) else None
         return found[agent]
 
     return of

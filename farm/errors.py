@@ -138,3 +138,25 @@ class RolloutFailure(FarmError):
         self.kind = ErrorKind(kind)  # ValueError for a kind that is not one of ErrorKind
         self.message = message
         self.retryable = retryable
+
+
+def where(exc: BaseException) -> str:
+    """Where `exc` was raised, for a one-line error about the user's own code: " at FILE:LINE in
+    FUNCTION" of the innermost frame outside the standard library and installed packages (a
+    SyntaxError's own file and line), or "" when unknown."""
+    import sysconfig
+
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename}:{exc.lineno}"
+    libs = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if found is None or not (name.startswith(libs) or name.startswith("<")):
+            found = tb
+        tb = tb.tb_next
+    if found is None:
+        return ""
+    code = found.tb_frame.f_code
+    return f" at {code.co_filename}:{found.tb_lineno} in {code.co_name}"

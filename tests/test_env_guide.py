@@ -7,15 +7,22 @@ guide cannot drift from the SDK without this failing.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import json
+import os
 import re
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from envs.sdk import Environment, ErrorKind, RolloutFailure, ToolArgumentError, Transcript
+from envs.sdk import Environment, ErrorKind, RolloutFailure, ToolArgumentError, Transcript, env_class
 from farm.schema import Status, Task
 from workers.loops.agent import AgentContext
+from workers.loops.env_calls import verify
 from workers.loops.loop import AgentLoop
 
 from conftest import ROOT, ScriptedPolicy, hermes
@@ -96,3 +103,88 @@ async def test_a_scripted_model_earns_the_reward_through_the_real_loop(pantry, t
             AgentContext(worker_id="test", settings=None),
         )
     assert info.value.kind is ErrorKind.malformed
+
+
+def _guide_dir(tmp_path: Path, module: str) -> Path:
+    (tmp_path / "my_envs").mkdir(parents=True)
+    (tmp_path / "my_envs" / "pantry.py").write_text(module)
+    return tmp_path
+
+
+def _guide_env(settings) -> dict:
+    """The guide's user: the farm's virtualenv first on PATH, this test's Redis and namespace."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_") or k == "FARM_DATA_DIR"}
+    return {
+        **env,
+        "PATH": f"{bin_dir}:{env['PATH']}",
+        "FARM_REDIS_URL": settings.redis_url,
+        "FARM_NAMESPACE": settings.namespace,
+    }
+
+
+@pytest.mark.slow
+def test_the_guides_try_it_commands_run_as_written(settings, model_dir, tmp_path):
+    """The guide's "Try it" block, verbatim, in a directory holding its module: rows generated from
+    `module:Class`, the stub answering its text replies, `farm collect --embedded` collecting them."""
+    text = GUIDE.read_text()
+    module = re.search(r"<!-- guide-example: (\S+) -->\n```python\n(.*?)```", text, re.S).group(2)
+    commands = re.search(r"<!-- guide-commands -->\n```bash\n(.*?)```", text, re.S).group(1)
+    cwd = _guide_dir(tmp_path, module)
+    (cwd / "try.sh").write_text(commands)
+    log = cwd / "try.log"
+    with open(log, "w") as sink:  # a file, not a pipe: the stub the block starts in the background keeps it open
+        proc = subprocess.Popen(
+            ["bash", "-e", "try.sh"],
+            cwd=cwd,
+            env=_guide_env(settings),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=240)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # the stub the block left running
+            except ProcessLookupError:
+                pass
+    out = log.read_text()
+    assert proc.returncode == 0, out
+    assert "8 new rollouts" in out, out
+    rollouts = [json.loads(line)["rollout"] for line in (cwd / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 8 and all(r["status"] == "ok" for r in rollouts), out
+    # The stand-in's replies ran: the get_stock call, then "done"; the rows asked for changes, so reward 0.
+    assert all(r["metrics"]["tool_calls"] == 1 and r["reward"] == 0.0 for r in rollouts)
+
+
+@pytest.mark.slow
+def test_errors_in_the_users_module_name_it_and_the_line(settings, model_dir, tmp_path):
+    """A module that fails to import, and a verifier that raises: each says the environment and the
+    file and line, in one line (exit 2) or in the rollout's error, never `internal error`."""
+    module = re.search(r"<!-- guide-example: (\S+) -->\n```python\n(.*?)```", GUIDE.read_text(), re.S).group(2)
+    broken = module.replace("class PantryRow(Row):", "missing_name\n\n\nclass PantryRow(Row):")
+    cwd = _guide_dir(tmp_path, broken)
+    env = {**_guide_env(settings), "PYTHONPATH": str(cwd)}
+    argv = [sys.executable, "-m", "farm", "data", "generate", "my_envs.pantry:Pantry", "--size", "2", "-o", "-"]
+    out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "my_envs.pantry:Pantry" in lines[0] and "NameError" in lines[0], lines
+    assert f"{cwd / 'my_envs' / 'pantry.py'}:" in lines[0] and "Traceback" not in out.stderr, lines
+
+    raising = re.sub(r"(    async def verify\(self, row: PantryRow.*?:\n)", r'\1        {}["token"]\n', module, count=1)
+    sys.path.insert(0, str(_guide_dir(tmp_path / "raising", raising)))
+    try:
+        env = env_class("my_envs.pantry:Pantry")()
+        row = env.generate(1, seed=0)[0]
+        state = env.new_state(env.check_row(row))
+        with pytest.raises(RolloutFailure) as info:
+            asyncio.run(verify(env, env.check_row(row), state, said(), 5.0))
+        assert info.value.kind is ErrorKind.verifier
+        assert "verifier raised KeyError: 'token'" in info.value.message
+        assert "my_envs/pantry.py:" in info.value.message and "in verify" in info.value.message
+    finally:
+        sys.path.pop(0)
+        for name in [m for m in sys.modules if m.startswith("my_envs")]:
+            del sys.modules[name]

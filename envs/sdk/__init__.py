@@ -21,6 +21,7 @@ from envs.sdk.environment import (
     Transcript,
     Verdict,
     available_envs,
+    env_class,
     load_env,
 )
 from envs.sdk.rows import AgentRef, CreateParams, Row, RowError, parse_row
@@ -45,6 +46,7 @@ __all__ = [
     "Transcript",
     "Verdict",
     "available_envs",
+    "env_class",
     "last_boxed",
     "load_env",
     "parse_row",

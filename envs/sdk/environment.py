@@ -10,13 +10,14 @@ limit makes the rollout `failed` with kind `verifier`; it is never scored 0 sile
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Optional
 
 from envs.sdk.rows import Row, parse_row
 from envs.sdk.tools import Tool, Toolset
-from farm.errors import ConfigError, UnknownAgent
+from farm.errors import ConfigError, UnknownAgent, where
 
 ENTRY_POINT_GROUP = "farm.envs"
 
@@ -101,11 +102,40 @@ def available_envs() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def load_env(name: str, options: Optional[dict] = None) -> Environment:
-    envs = available_envs()
-    if name not in envs:
-        raise UnknownAgent(f"unknown environment {name!r}; available: {', '.join(sorted(envs)) or 'none'}")
+def env_class(name: str) -> type[Environment]:
+    """The Environment class `name` names: a registered environment, or `module:Class` (an
+    environment tried without installing a package; its module must be importable, e.g. from
+    the current directory or PYTHONPATH). An environment that fails to import is the user's
+    error: ConfigError naming it, its entry point, and the file and line."""
+    if ":" in name:
+        spec = name
+    else:
+        envs = available_envs()
+        if name not in envs:
+            raise UnknownAgent(
+                f"unknown environment {name!r}; available: {', '.join(sorted(envs)) or 'none'} "
+                "(or name a class as module:Class)"
+            )
+        spec = envs[name].value
+    module, _, attr = spec.partition(":")
     try:
-        return envs[name].load()(**(options or {}))
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:  # noqa: BLE001 - any error importing the user's module is theirs, in one line
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0] and ":" in name:
+            raise ConfigError(f"environment {name}: no module {module!r} (is its directory on PYTHONPATH?)") from None
+        raise ConfigError(
+            f"environment {name} ({spec}) failed to load: {type(exc).__name__}: {exc}{where(exc)}"
+        ) from None
+    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        raise ConfigError(f"environment {name}: {spec} is not an Environment subclass")
+    return obj
+
+
+def load_env(name: str, options: Optional[dict] = None) -> Environment:
+    cls = env_class(name)
+    try:
+        return cls(**(options or {}))
     except TypeError as exc:  # an option the environment does not take, or of the wrong kind
         raise ConfigError(f"environment {name}: bad option(s) {sorted(options or {})}: {exc}") from None

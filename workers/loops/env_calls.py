@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
 from envs.sdk import Environment, Tool, Transcript, Verdict
-from farm.errors import RolloutFailure
+from farm.errors import RolloutFailure, where
 from farm.schema import ErrorKind, Rollout, Status, Task, Timings
 from workers.policy.chat import BadToolCall, ToolCall, input_messages
+
+log = logging.getLogger("farm.env")
 
 
 class EnvironmentAgent:
@@ -144,7 +147,10 @@ async def verify(env: Environment, row: Any, state: Any, transcript: Transcript,
     except RolloutFailure:
         raise
     except Exception as exc:
-        raise RolloutFailure(ErrorKind.verifier, f"verifier raised {type(exc).__name__}: {exc}") from None
+        message = f"verifier raised {type(exc).__name__}: {exc}{where(exc)}"
+        log.warning("environment %s: %s", env.name, message)
+        log.debug("the verifier's traceback", exc_info=True)
+        raise RolloutFailure(ErrorKind.verifier, message) from None
 
 
 async def scored(

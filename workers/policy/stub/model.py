@@ -47,6 +47,7 @@ class Script(msgspec.Struct, kw_only=True):
     """What the server answers: token replies (completions) and message replies (chat / responses)."""
 
     token_replies: list[list[int]] = []  # each ends with the model's EOS id
+    text_replies: list[str] = []  # the same as text: the stub tokenizes each (+ EOS) at start-up
     token_logprob: float = -0.25
     filler: list[int] = []  # ids a token reply may start with (Options.filler_tokens): plain words
     chat_replies: list[dict[str, Any]] = []  # {"content": str, "tool_calls": [{"name", "arguments"}]}

@@ -40,6 +40,7 @@ when retry_after is set; `error_rate` answers only that fraction of model reques
 A full outage is the process stopped: `StubProcess.stop()` then `.start()` on the same port.
 
     python -m workers.policy.stub --port 8100 --latency 2 --replies replies.json
+    python -m workers.policy.stub --port 8100 --reply '<tool_call>{"name": "get_stock"}</tool_call>' --reply done
     python -m workers.policy.stub --latency 2 --latency-dist lognormal --sigma 1 --pick random --seed 0
 """
 
@@ -213,6 +214,25 @@ async def serve(script: Script, host: str, port: int, options: Options) -> None:
         await stop.wait()
 
 
+def with_text_replies(script: Script, texts: list[str], tokenizer: Optional[str] = None) -> Script:
+    """The script with its text replies tokenized (each + EOS) after its token replies, and as its
+    chat replies when it has none: what a new environment's turns look like, without token ids."""
+    if not texts:
+        return script
+    from workers.policy.chat import ChatTokenizer
+
+    if tokenizer is None:
+        from workers.policy.serving import default_cache, prepare_model
+
+        tokenizer = str(prepare_model(default_cache()))
+    tok = ChatTokenizer(tokenizer)
+    tokens = [tok.encode(t) + [tok.eos_id] for t in texts]
+    chat = script.chat_replies or [{"content": t} for t in texts]
+    return msgspec.structs.replace(
+        script, token_replies=[*script.token_replies, *tokens], text_replies=[], chat_replies=chat
+    )
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workers.policy.stub", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -224,7 +244,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--seed", type=int, help="seed of every random draw (latency, replies, errors)")
     p.add_argument("--pick", choices=PICKS, default="scripted", help="which token reply a completion gets")
     p.add_argument("--weights", help="pick random: comma-separated weights of the token replies (default equal)")
-    p.add_argument("--replies", help="JSON file of the script (token_replies, chat_replies, model, max_model_len)")
+    p.add_argument(
+        "--reply",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a reply as text (repeatable, in turn order): tokenized with --tokenizer, ending in EOS",
+    )
+    p.add_argument(
+        "--replies", help="JSON file of the script (text_replies, token_replies, chat_replies, model, max_model_len)"
+    )
+    p.add_argument("--tokenizer", help="model directory whose tokenizer encodes text replies (default: SmolLM2's)")
     p.add_argument("--fault", type=int, choices=(429, 500, 503), help="answer model requests with this status")
     p.add_argument("--error-rate", type=float, default=0.0, help="fraction of model requests that get --fault")
     p.add_argument("--retry-after", type=float, help="Retry-After seconds sent with injected faults")
@@ -232,7 +262,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--prefix-cache-tokens", type=int, default=0, help="this replica's prefix cache (0: off)")
     p.add_argument("--prefill-s-per-token", type=float, default=0.0, help="seconds added per uncached prompt token")
     args = p.parse_args(argv)
-    script = _json.decode(Path(args.replies).read_bytes(), type=Script) if args.replies else Script()
+    try:
+        script = _json.decode(Path(args.replies).read_bytes(), type=Script) if args.replies else Script()
+        script = with_text_replies(script, [*script.text_replies, *args.reply], args.tokenizer)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        p.error(f"--replies/--reply: {exc}")
+    if not (script.token_replies or script.chat_replies):
+        p.error(
+            "nothing to answer: give the model's replies as text (--reply TEXT, repeatable, in turn order) "
+            "or a script file (--replies FILE with text_replies, token_replies or chat_replies)"
+        )
     options = Options(
         latency_s=args.latency,
         jitter_s=args.jitter,
