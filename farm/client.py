@@ -31,10 +31,16 @@ from farm.connection import connect
 from farm.errors import ConfigError, SchemaError
 from farm.keys import GROUP, Keys, check_name, text
 from farm.schema import ErrorKind, Rollout, Task
-from farm.settings import Settings
+from farm.settings import Settings, load_settings
 from farm.state import live_workers_async
 from farm.streams import ensure_group
 from farm.transport import Outage
+
+__all__ = [
+    "FarmClient",
+    "ResultReader",
+]
+
 
 log = logging.getLogger("farm.client")
 
@@ -150,9 +156,15 @@ class ResultReader:
 
 
 class FarmClient:
-    """Submit tasks to agent streams and await their rollouts on the run's result stream."""
+    """Submit tasks to agent streams and await their rollouts on the run's result stream.
 
-    def __init__(self, settings: Settings, r: Optional[aioredis.Redis] = None, chunk: int = 1000):
+    `FarmClient()` takes its settings from `load_settings()` (FARM_CONFIG, FARM_* variables); with
+    no redis_url it uses the embedded Redis on 127.0.0.1:embedded_port, as the command line does.
+    Use it as `async with FarmClient() as client:`, or call `await client.aclose()`.
+    """
+
+    def __init__(self, settings: Optional[Settings] = None, r: Optional[aioredis.Redis] = None, chunk: int = 1000):
+        settings = settings if settings is not None else load_settings()
         self.settings = settings
         self.keys: Keys = settings.keys
         self.r = r or connect(settings)
@@ -359,3 +371,9 @@ class FarmClient:
 
     async def aclose(self) -> None:
         await self.r.aclose()
+
+    async def __aenter__(self) -> "FarmClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

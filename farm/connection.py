@@ -16,14 +16,13 @@ import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from farm.errors import ConfigError
 from farm.settings import Settings, read_password
 
 
 def _url(settings: Settings) -> str:
-    if not settings.redis_url:
-        raise ConfigError("no redis_url: start an embedded Redis first (farm.embedded.ensure_redis)")
-    return settings.redis_url
+    """The configured redis_url; with none, the embedded Redis on 127.0.0.1:embedded_port (where
+    `farm redis` and the commands' --embedded put it), as the command line finds it."""
+    return settings.redis_url or f"redis://127.0.0.1:{settings.embedded_port}/0"
 
 
 def _options(settings: Settings) -> dict:

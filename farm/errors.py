@@ -30,6 +30,35 @@ from __future__ import annotations
 
 from enum import Enum
 
+__all__ = [
+    "EXIT_AUTH",
+    "EXIT_CONFIG",
+    "EXIT_CRASH",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_TRANSPORT",
+    "EXIT_UNKNOWN_AGENT",
+    "NOT_RESTARTABLE",
+    "ConfigError",
+    "ErrorKind",
+    "FarmError",
+    "MalformedEntry",
+    "NotFound",
+    "RedisAuthError",
+    "RedisOutOfMemory",
+    "RedisScriptError",
+    "RedisUnavailable",
+    "RedisWrongType",
+    "RolloutFailure",
+    "SchemaError",
+    "TransportError",
+    "UnknownAgent",
+    "UnknownSchemaVersion",
+    "where",
+]
+
+
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_TRANSPORT, EXIT_AUTH, EXIT_UNKNOWN_AGENT = 0, 1, 2, 3, 4, 5
 EXIT_NOT_FOUND = 6
 EXIT_INTERRUPTED = 130

@@ -26,6 +26,32 @@ import msgspec
 from farm.errors import ErrorKind, MalformedEntry, UnknownSchemaVersion
 from farm.keys import text
 
+__all__ = [
+    "SCHEMA_VERSION",
+    "MAX_ENTRY_BYTES",
+    "AgentRef",
+    "Attempt",
+    "Rollout",
+    "RolloutError",
+    "Sampling",
+    "Status",
+    "Task",
+    "Timings",
+    "TokenTrace",
+    "decode_rollout",
+    "decode_task",
+    "decode_task_body",
+    "encode",
+    "entry",
+    "pack_f32",
+    "pack_i32",
+    "salvage",
+    "salvaged_failure",
+    "unpack_f32",
+    "unpack_i32",
+]
+
+
 SCHEMA_VERSION = 1
 _LITTLE = sys.byteorder == "little"
 

@@ -29,6 +29,19 @@ import yaml
 from farm.errors import ConfigError
 from farm.keys import Keys, check_name
 
+__all__ = [
+    "ENV_PREFIX",
+    "FIELDS",
+    "AgentConfig",
+    "Settings",
+    "load_settings",
+    "read_password",
+    "read_secret",
+    "read_yaml_mapping",
+    "server_root",
+]
+
+
 ENV_PREFIX = "FARM_"
 
 

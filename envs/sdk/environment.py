@@ -19,6 +19,19 @@ from envs.sdk.rows import Row, parse_row
 from envs.sdk.tools import Tool, Toolset
 from farm.errors import ConfigError, UnknownAgent, where
 
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "AgentSettings",
+    "Environment",
+    "LoopKind",
+    "Transcript",
+    "Verdict",
+    "available_envs",
+    "env_class",
+    "load_env",
+]
+
+
 ENTRY_POINT_GROUP = "farm.envs"
 
 LoopKind = Literal["single_turn", "tool_use", "multi_turn"]
