@@ -148,6 +148,7 @@ def farm_lines(err: str) -> list[str]:
 # -- keys the farm replaces ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, value", [("use_vllm", True), ("vllm_mode", "colocate"), ("vllm_server_host", "0.0.0.0")])
 def test_a_key_the_farm_replaces_exits_2_in_one_line_before_the_model_loads(tmp_path, settings, key, value):
     # model_name names no model: loading it would fail otherwise, and later.
@@ -185,6 +186,7 @@ def test_farm_grpo_trainer_refuses_use_vllm(small_model, tmp_path):
 # -- pre-flight --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_agent_without_a_live_worker_exits_5_with_no_step_and_no_push(
     tmp_path, settings, noop_worker, weights_server, small_model, sync_redis
 ):
@@ -202,6 +204,7 @@ def test_an_agent_without_a_live_worker_exits_5_with_no_step_and_no_push(
     assert sync_redis.get(settings.keys.policy_version()) is None
 
 
+@pytest.mark.slow
 def test_a_policy_server_that_cannot_take_weights_exits_2(tmp_path, settings, noop_worker, small_model):
     server = WeightsServer(dev=False)
     try:
@@ -227,6 +230,7 @@ def _build(settings, tmp_path, model_dir, rows, **overrides):
     return build_trainer(settings, cfg, model=tiny_model(model_dir), weight_sync=sync)
 
 
+@pytest.mark.slow
 def test_a_batch_whose_rollouts_all_failed_is_never_trained_on(settings, noop_worker, model_dir, tmp_path):
     """Every rollout fails: the step's prompts go out again, twice, then the run stops; no optimizer
     step, no weight sync, the parameters as they were (before the fix, TRL stepped on the masked batch)."""
@@ -246,6 +250,7 @@ def test_a_batch_whose_rollouts_all_failed_is_never_trained_on(settings, noop_wo
     assert all(b.metrics["farm/usable_groups"] == 0 for b in rollout.batches)
 
 
+@pytest.mark.slow
 def test_a_batch_under_the_floor_of_usable_groups_is_not_trained_on(settings, noop_worker, model_dir, tmp_path):
     from trainer.rollout import UnusableBatches
 
@@ -259,6 +264,7 @@ def test_a_batch_under_the_floor_of_usable_groups_is_not_trained_on(settings, no
     assert trainer.state.global_step == 0
 
 
+@pytest.mark.slow
 def test_a_batch_at_the_floor_trains(settings, noop_worker, model_dir, tmp_path):
     rows = [trainer_row(0, tokens=3, reward=1.0), trainer_row(1, fail="fatal")]
     trainer, rollout, sync_cb = _build(settings, tmp_path, model_dir, rows, min_usable_groups=1)
@@ -270,6 +276,7 @@ def test_a_batch_at_the_floor_trains(settings, noop_worker, model_dir, tmp_path)
     assert rollout.batches[-1].metrics["farm/usable_groups"] == 1
 
 
+@pytest.mark.slow
 def test_failures_from_an_agent_that_lost_its_workers_stop_at_once_with_exit_5(settings, model_dir, tmp_path):
     """No worker at all (no pre-flight here): the first all-deadline batch stops the run, no retry."""
     from trainer.rollout import NoLiveWorker
@@ -287,6 +294,7 @@ def test_failures_from_an_agent_that_lost_its_workers_stop_at_once_with_exit_5(s
 # -- the start weights ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_start_weights_are_pushed_as_version_0_before_the_first_rollout(
     tmp_path, settings, noop_worker, weights_server, small_model, sync_redis
 ):
@@ -329,6 +337,7 @@ def _nothing_left(sync_redis, settings, run_id: str) -> bool:
     return _open_for(sync_redis, settings, run_id) == 0 and _queued_for(sync_redis, settings, run_id) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_while_waiting_for_rollouts_cancels_the_run_and_says_where_in_one_line(
     tmp_path, settings, noop_worker, weights_server, small_model, sync_redis, sig, code
@@ -356,6 +365,7 @@ def test_a_stop_while_waiting_for_rollouts_cancels_the_run_and_says_where_in_one
     assert not (tmp_path / "out" / "farm_summary.json").exists()
 
 
+@pytest.mark.slow
 def test_the_async_adapter_stops_with_nothing_of_its_run_left(settings, noop_worker, sync_redis):
     from trainer.async_adapter import FarmRolloutWorker
 
@@ -376,6 +386,7 @@ def test_the_async_adapter_stops_with_nothing_of_its_run_left(settings, noop_wor
 # -- the docs' own-script page --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_docs_script_runs_as_written(tmp_path, settings, noop_worker, weights_server, small_model):
     """docs/train-your-own-script.md's script, cut out verbatim: two GRPO steps on the noop agent,
     the start weights and each step's pushed to the (recording) policy server."""
@@ -401,6 +412,7 @@ def test_the_docs_script_runs_as_written(tmp_path, settings, noop_worker, weight
     assert sorted(p.name for p in (tmp_path / "out" / "policy").iterdir()) == ["v2"]
 
 
+@pytest.mark.slow
 def test_a_stop_during_training_says_where_and_a_sync_in_progress_finishes_first(
     tmp_path, settings, noop_worker, small_model, monkeypatch
 ):

@@ -30,6 +30,7 @@ def farm_env(tmp_path, **extra: str) -> dict:
     return {**base, "PATH": f"{bindir}:{base.get('PATH', '')}", "PYTHONPATH": str(ROOT), **extra}
 
 
+@pytest.mark.slow
 def test_the_config_comments_make_the_rows_it_ships(tmp_path):
     commands = comment_commands("farm data ")
     assert len(commands) == 3
