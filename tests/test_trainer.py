@@ -40,6 +40,7 @@ def noop_worker(settings):
     stop(proc)
 
 
+@pytest.mark.slow
 def test_rollout_func_returns_one_masked_entry_per_prompt(settings, noop_worker):
     from trainer.rollout import FarmRollout, env_reward
 
@@ -181,6 +182,7 @@ def test_farm_train_reports_a_bad_config(tmp_path, capsys):
 # -- the AsyncGRPOTrainer adapter -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_async_worker_adapter_streams_scored_groups(settings, noop_worker):
     """RolloutWorkerProtocol over the farm: samples land in rollout_buffer, tagged and scored."""
     from trainer.async_adapter import FarmRolloutWorker
@@ -214,6 +216,7 @@ def _drain_metrics(worker) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_stale", ["requeue", "drop"])
 def test_async_worker_bounds_staleness(settings, noop_worker, on_stale):
     """Weights change while a group's rollouts are generating (each takes 1.5 s): with
@@ -240,6 +243,7 @@ def test_async_worker_bounds_staleness(settings, noop_worker, on_stale):
     assert all(m.get("farm/staleness", 0.0) <= 1.0 for m in metrics if "farm/rollouts" in m)
 
 
+@pytest.mark.slow
 def test_async_worker_without_a_bound_keeps_stale_samples_tagged_with_their_version(settings, noop_worker):
     from trainer.async_adapter import FarmRolloutWorker
 
