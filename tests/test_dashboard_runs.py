@@ -165,6 +165,7 @@ async def test_every_number_on_a_run_page_is_what_was_settled(farm):
     assert text.split('id="failures"')[1].split("</table>")[0].count("<tr data-kind=") == 3
     curve_table = text.split('id="curve"')[1].split("</table>")[0]
     assert re.findall(r'data-version="(\d+)"', curve_table) == ["0", "1", "3"], "every version, in order"
+    assert curve_table.count("(start)") == 1 and 'data-version="0"><td>0 <small>(start)' in curve_table
     for v, rs in by_version.items():
         shown = row_cells(text, "curve", "data-version", str(v))
         assert shown["n"] == str(len(rs))
