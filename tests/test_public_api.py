@@ -4,12 +4,27 @@ every public module says what it exports, and `async with FarmClient()` works fr
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 
 import pytest
 
 import farm
 
-PUBLIC_MODULES = ["farm.client", "farm.schema", "farm.settings", "farm.errors", "envs.sdk", "envs.sdk.environment"]
+PUBLIC_MODULES = [
+    "farm.client",
+    "farm.schema",
+    "farm.settings",
+    "farm.errors",
+    "envs.sdk",
+    "envs.sdk.environment",
+    "trainer.config",
+    "trainer.rollout",
+    "trainer.train",
+    "trainer.weights",
+    "trainer.preflight",
+    "trainer.stops",
+]
 
 
 def test_the_package_exports_the_client_the_schema_the_settings_and_the_errors():
@@ -22,6 +37,18 @@ def test_the_package_exports_the_client_the_schema_the_settings_and_the_errors()
         assert getattr(farm, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         farm.nothing  # noqa: B018
+
+
+@pytest.mark.slow
+def test_the_trainer_exports_its_pieces_without_loading_torch():
+    code = (
+        "import sys, trainer; assert 'torch' not in sys.modules and 'trl' not in sys.modules; "
+        "from trainer import FarmRollout, TrainConfig, build_trainer, env_reward, WeightSyncCallback; "
+        "print(FarmRollout.__module__, TrainConfig.__module__, build_trainer.__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["trainer.rollout", "trainer.config", "trainer.train"]
 
 
 @pytest.mark.parametrize("module", PUBLIC_MODULES)

@@ -63,6 +63,11 @@ from farm.settings import Settings
 from farm.tasks import cancel_and_wait
 from trainer.sampling import client_deadline, extra_groups, usable, zero_variance
 
+__all__ = [
+    "FarmRolloutWorker",
+    "group_samples",
+]
+
 log = logging.getLogger("farm.trainer.async")
 
 

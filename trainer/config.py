@@ -40,6 +40,14 @@ import msgspec
 from farm.errors import ConfigError
 from farm.settings import read_yaml_mapping
 
+__all__ = [
+    "TrainConfig",
+    "check_trl_keys",
+    "grpo_args",
+    "load_train_config",
+    "refused_key",
+]
+
 log = logging.getLogger("farm.trainer")
 
 # TRL keys that would start TRL's own vLLM client (server mode, NCCL weight pushes): refused.

@@ -31,6 +31,11 @@ from trl import GRPOTrainer
 
 from farm.errors import ConfigError
 
+__all__ = [
+    "FarmGRPOTrainer",
+    "FarmSampler",
+]
+
 
 class FarmSampler:
     """Stands in for TRL's VLLMGeneration: the farm samples, WeightSyncCallback syncs its servers."""

@@ -31,6 +31,15 @@ from farm.transport import errors
 from trainer.config import TrainConfig
 from trainer.rollout import NoLiveWorker
 
+__all__ = [
+    "PolicyUnreachable",
+    "check",
+    "check_policy",
+    "check_workers",
+    "data_agents",
+    "sync_urls",
+]
+
 log = logging.getLogger("farm.trainer")
 
 

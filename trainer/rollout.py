@@ -67,6 +67,14 @@ from farm.settings import Settings
 from trainer.batch import MULTI_SEGMENT, Batch, Sample, batch_metrics, summary
 from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups, one_sample, usable
 
+__all__ = [
+    "FarmRollout",
+    "NoLiveWorker",
+    "UnusableBatches",
+    "env_reward",
+    "parse_row",
+]
+
 log = logging.getLogger("farm.trainer")
 
 

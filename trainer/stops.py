@@ -27,6 +27,14 @@ from typing import Any, Iterator, Optional
 
 from farm.errors import FarmError
 
+__all__ = [
+    "Interrupted",
+    "StopRun",
+    "StopSignals",
+    "held_signals",
+    "stop_line",
+]
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 

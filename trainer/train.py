@@ -30,6 +30,16 @@ from trainer.rollout import FarmRollout, env_reward
 from trainer.stops import Interrupted, StopRun, StopSignals, held_signals, stop_line
 from trainer.weights import NoSync, SyncResult, VllmReload, WeightSync
 
+__all__ = [
+    "ConsoleMetrics",
+    "WeightSyncCallback",
+    "build_trainer",
+    "load_rows",
+    "lora_config",
+    "run_train",
+    "to_dataset",
+]
+
 log = logging.getLogger("farm.trainer")
 
 

@@ -37,6 +37,16 @@ import httpx
 
 from farm.errors import FarmError
 
+__all__ = [
+    "NoSync",
+    "SyncResult",
+    "VllmReload",
+    "WeightSync",
+    "WeightSyncError",
+    "save_full_weights",
+    "save_whole",
+]
+
 log = logging.getLogger("farm.trainer.weights")
 
 
