@@ -8,7 +8,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from conftest import ROOT
+import pytest
+from helpers import ROOT
 
 LINT = Path(sys.executable).with_name("lint-imports")
 
@@ -17,6 +18,7 @@ def lint() -> subprocess.CompletedProcess:
     return subprocess.run([str(LINT), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_import_contracts_hold():
     out = lint()
     assert out.returncode == 0, out.stdout + out.stderr
@@ -35,35 +37,42 @@ def broken_by(package: str, line: str) -> str:
     return out.stdout.replace(probe.stem, "PROBE")
 
 
+@pytest.mark.slow
 def test_an_upward_import_breaks_the_core_contract():
     """A module of the core that imports a worker module: lint-imports must fail and name it."""
     assert "farm.PROBE -> workers.delivery.runtime" in broken_by("farm", "import workers.delivery.runtime")
 
 
+@pytest.mark.slow
 def test_an_environment_importing_a_worker_breaks_its_contract():
     assert "envs.PROBE -> workers.loops.agent" in broken_by("envs", "from workers.loops.agent import available_agents")
 
 
+@pytest.mark.slow
 def test_an_environment_reaching_past_the_sdk_breaks_its_contract():
     """Environments take what they need of the farm from envs.sdk, not from the core's modules."""
     assert "envs.workplace.PROBE -> farm.settings" in broken_by("envs/workplace", "from farm.settings import Settings")
 
 
+@pytest.mark.slow
 def test_a_new_environment_module_is_covered_by_the_sdk_contract_without_being_named():
     """The contract names `envs.*`, not a list: an environment added tomorrow is held to it too."""
     assert "envs.PROBE -> farm.settings" in broken_by("envs", "from farm.settings import Settings")
 
 
+@pytest.mark.slow
 def test_a_policy_client_importing_an_agent_loop_breaks_the_workers_layers():
     assert "workers.policy.PROBE -> workers.loops.agent" in broken_by("workers/policy", "import workers.loops.agent")
 
 
+@pytest.mark.slow
 def test_an_agent_loop_importing_the_delivery_breaks_the_workers_layers():
     assert "workers.loops.PROBE -> workers.delivery.runtime" in broken_by(
         "workers/loops", "import workers.delivery.runtime"
     )
 
 
+@pytest.mark.slow
 def test_the_sdk_importing_an_environment_breaks_its_contract():
     assert "envs.sdk.PROBE -> envs.math" in broken_by("envs/sdk", "import envs.math")
 

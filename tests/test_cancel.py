@@ -14,7 +14,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 import redis
+from helpers import ROOT
+from helpers.processes import stop
+from helpers.redis import make_settings
+from helpers.waiting import async_wait_for, wait_for
+from helpers.workers import in_process_worker, spawn_worker, worker_env
 
 from farm.client import FarmClient
 from farm.errors import ConfigError
@@ -24,8 +30,6 @@ from workers.policy.stub import StubProcess
 from workers.policy.stub import weather_rows as stub_rows
 from workers.policy.stub import weather_script as script_for
 from workers.supervise import stack
-
-from conftest import ROOT, async_wait_for, in_process_worker, make_settings, spawn_worker, stop, wait_for, worker_env
 
 
 def noop_row(i: int, sleep_s: float = 0.0) -> dict:
@@ -164,6 +168,7 @@ async def test_a_cancel_racing_the_settle_yields_exactly_one_rollout(settings, s
     assert stats.get("cancelled", 0) == statuses.count(Status.cancelled)
 
 
+@pytest.mark.slow
 def test_a_run_against_a_slow_model_cancels_within_seconds_and_closes_its_requests(
     redis_url, namespace, sync_redis, tmp_path, tokenizer, model_dir
 ):
@@ -208,6 +213,7 @@ def test_a_run_against_a_slow_model_cancels_within_seconds_and_closes_its_reques
     assert proc.returncode == 0, out
 
 
+@pytest.mark.slow
 def test_farm_cancel_says_what_it_did_in_one_line_with_the_right_exit_code(redis_url, namespace, sync_redis):
     settings = make_settings(redis_url, namespace)
     env = worker_env(settings)

@@ -17,6 +17,9 @@ import time
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from helpers.redis import make_settings
+from helpers.waiting import async_wait_for
+from helpers.workers import in_process_worker
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,8 +35,6 @@ from farm.transport import Outage
 from producer import demo, evaluate, metrics
 from producer.output import Journal, Paths, line_for
 from workers.delivery.chores import WorkerCollector
-
-from conftest import async_wait_for, in_process_worker, make_settings
 
 LONG = "instruction_following_v2"  # an agent name longer than `farm status` gives it
 

@@ -19,14 +19,15 @@ import urllib.request
 
 import pytest
 import yaml
+from helpers.processes import stop
+from helpers.waiting import async_wait_for
+from helpers.workers import spawn_worker
 
 from envs.single_tool_call import generate
 from farm.client import FarmClient
 from farm.keys import GROUP
 from farm.schema import ErrorKind, Sampling, Status
 from workers.supervise.stack import policy_env
-
-from conftest import async_wait_for, spawn_worker, stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -28,6 +28,9 @@ from collections import Counter
 
 import pytest
 import redis
+from helpers.processes import stop
+from helpers.redis import make_settings
+from helpers.workers import spawn_worker
 
 from farm.client import FarmClient
 from farm.embedded import EmbeddedRedis
@@ -37,8 +40,6 @@ from workers.policy.stub import StubProcess
 from workers.policy.stub import weather_rows as stub_rows
 from workers.policy.stub import weather_script as script_for
 from workers.supervise import stack
-
-from conftest import make_settings, spawn_worker, stop
 
 pytestmark = pytest.mark.slow
 

@@ -20,13 +20,13 @@ import time
 from collections import Counter
 
 import pytest
+from helpers.processes import stop
+from helpers.workers import spawn_worker
 
 from farm.client import FarmClient
 from farm.keys import GROUP
 from farm.schema import ErrorKind, Status
 from farm.state import live_workers_async
-
-from conftest import spawn_worker, stop
 
 pytestmark = pytest.mark.slow
 

@@ -22,10 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.processes import processes_of, stop
+from helpers.waiting import wait_for
+from helpers.workers import spawn_worker, worker_env
 
 from farm.cli import main
-
-from conftest import ROOT, free_port, processes_of, spawn_worker, stop, wait_for, worker_env
+from farm.embedded import free_port
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
@@ -209,6 +212,7 @@ def test_the_table_is_large_and_spans_every_subcommand():
 
 
 @pytest.mark.parametrize("argv,env,expected", BAD, ids=[" ".join(a)[:60] for a, _, _ in BAD])
+@pytest.mark.slow
 def test_bad_invocation_ends_in_one_clear_line(argv, env, expected, files, redis_url, namespace, sync_redis):
     code, out = _run(argv, env, redis_url, namespace, files)
     assert code != 0, out
@@ -219,6 +223,7 @@ def test_bad_invocation_ends_in_one_clear_line(argv, env, expected, files, redis
     assert not list(sync_redis.scan_iter(match=f"{namespace}:*")), "keys left behind"
 
 
+@pytest.mark.slow
 def test_debug_shows_the_traceback(files, redis_url, namespace):
     code, out = _run(["--debug", "--config", str(files / "bad.yaml"), "status"], {}, redis_url, namespace, files)
     assert code == 2 and "Traceback" in out and "not valid YAML" in out
@@ -258,6 +263,7 @@ USAGE = [
 
 
 @pytest.mark.parametrize("argv,expected", USAGE, ids=[" ".join(a)[:60] for a, _ in USAGE])
+@pytest.mark.slow
 def test_bad_data_input_exits_2_in_one_line(argv, expected, files, redis_url, namespace):
     proc = _exec(argv, {}, redis_url, namespace, files)
     line = _the_one_line(proc)
@@ -283,6 +289,7 @@ COLLECT = [
 
 @pytest.mark.parametrize("command", ["collect", "eval"])
 @pytest.mark.parametrize("args,expected", COLLECT, ids=[" ".join(a)[:50] for a, _ in COLLECT])
+@pytest.mark.slow
 def test_bad_input_to_collect_and_eval_exits_2(command, args, expected, files, redis_url, namespace, sync_redis):
     argv = [command, *args] + ([] if "--output" in args else ["--output", P("o.jsonl")])
     proc = _exec(argv, {}, redis_url, namespace, files)
@@ -293,6 +300,7 @@ def test_bad_input_to_collect_and_eval_exits_2(command, args, expected, files, r
 
 
 @pytest.mark.parametrize("holder", ["a socket", "another Redis"])
+@pytest.mark.slow
 def test_redis_on_a_taken_port_exits_2_in_one_line(holder, tmp_path, redis_url, namespace):
     import socket
     from urllib.parse import urlparse
@@ -313,6 +321,7 @@ def test_redis_on_a_taken_port_exits_2_in_one_line(holder, tmp_path, redis_url, 
     assert str(port) in line and "in use" in line and "--port" in line, line
 
 
+@pytest.mark.slow
 def test_dashboard_on_a_taken_port_exits_2_in_one_line_and_announces_nothing(tmp_path, redis_url, namespace):
     """It announced its URL, then printed uvicorn's errno and exited 3 ("Redis unavailable")."""
     import socket
@@ -335,6 +344,7 @@ UNKNOWN_AGENT = [
 
 
 @pytest.mark.parametrize("argv", UNKNOWN_AGENT, ids=[" ".join(a[:2]) for a in UNKNOWN_AGENT])
+@pytest.mark.slow
 def test_an_unknown_agent_exits_5_in_every_command(argv, files, redis_url, namespace, sync_redis):
     proc = _exec(argv, {}, redis_url, namespace, files)
     line = _the_one_line(proc)
@@ -354,6 +364,7 @@ DEAD_UNKNOWN = [
 
 
 @pytest.mark.parametrize("args", DEAD_UNKNOWN, ids=[" ".join(a) for a in DEAD_UNKNOWN])
+@pytest.mark.slow
 def test_dead_names_the_known_agents_and_exits_5_for_an_unknown_one(args, files, redis_url, namespace, sync_redis):
     proc = _exec(["dead", args[0], "--agent", "no_such_agent", *args[1:]], {}, redis_url, namespace, files)
     line = _the_one_line(proc)
@@ -363,6 +374,7 @@ def test_dead_names_the_known_agents_and_exits_5_for_an_unknown_one(args, files,
     assert not list(sync_redis.scan_iter(match=f"{namespace}:*")), "keys left behind"
 
 
+@pytest.mark.slow
 def test_dead_reads_an_agent_the_namespace_knows_though_nothing_defines_it_here(
     files, redis_url, namespace, sync_redis
 ):
@@ -377,6 +389,7 @@ def test_dead_reads_an_agent_the_namespace_knows_though_nothing_defines_it_here(
     assert proc.returncode == 0 and "purged 1 dead letter(s) for 'orphan'" in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 def test_version_and_help_with_examples():
     out = subprocess.run([sys.executable, "-m", "farm", "--version"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and re.search(r"farm, version \d", out.stdout)
@@ -387,6 +400,7 @@ def test_version_and_help_with_examples():
     assert out.returncode == 0 and "_FARM_COMPLETE" in out.stdout
 
 
+@pytest.mark.slow
 def test_status_names_its_redis_and_namespace_and_prints_zeros(settings, redis_url, namespace):
     import asyncio
 
@@ -451,6 +465,7 @@ def test_train_takes_the_reference_config_and_passes_trl_keys_through(tmp_path, 
         grpo_args(seen["cfg"], use_cpu=True, per_device_train_batch_size=16)
 
 
+@pytest.mark.slow
 def test_collect_says_when_an_agent_has_no_worker_and_gives_up(files, settings):
     env = worker_env(settings, FARM_NO_WORKERS_TIMEOUT_S="3")
     t0 = time.monotonic()
@@ -524,6 +539,7 @@ def _lines(text: str) -> list[str]:
     return [ANSI.sub("", line) for line in re.split(r"\r\n|\n|\r", text)]
 
 
+@pytest.mark.slow
 def test_collect_under_an_80_column_terminal_fits_and_shows_progress(files, settings):
     rows = files / "slow.jsonl"
     rows.write_text(
@@ -550,6 +566,7 @@ def test_collect_under_an_80_column_terminal_fits_and_shows_progress(files, sett
     assert any("pass@k" in line for line in lines)  # the table
 
 
+@pytest.mark.slow
 def test_collect_in_a_pipe_prints_progress_lines_as_it_goes(files, settings):
     rows = files / "slow.jsonl"
     rows.write_text(
@@ -598,6 +615,7 @@ def test_collect_in_a_pipe_prints_progress_lines_as_it_goes(files, settings):
     assert all(len(line) <= 80 for line in shown), max(shown, key=len)
 
 
+@pytest.mark.slow
 def test_status_watch_under_an_80_column_terminal_and_in_a_pipe(settings, namespace):
     env = worker_env(settings)
     worker = spawn_worker(settings, "--agent", "noop", "--concurrency", "2")
@@ -649,6 +667,7 @@ def _overview(port: int):
         return None
 
 
+@pytest.mark.slow
 def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, tmp_path):
     import asyncio
 

@@ -17,13 +17,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.redis import make_settings
+from helpers.waiting import wait_for
+from helpers.workers import spawn_worker, worker_env
 
 from farm.errors import UnknownAgent
 from producer.collect import CollectOptions, parse_repeats, run_collect
 from producer.metrics import aggregate
 from producer.output import InputError, Paths, read_records, repair_tail
-
-from conftest import ROOT, make_settings, spawn_worker, wait_for, worker_env
 
 pytestmark = pytest.mark.slow
 

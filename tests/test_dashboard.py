@@ -14,6 +14,9 @@ import time
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from helpers.redis import make_settings
+from helpers.waiting import async_wait_for, wait_for
+from helpers.workers import in_process_worker
 from prometheus_client.parser import text_string_to_metric_families
 
 from farm import deadletters, schema
@@ -22,8 +25,6 @@ from farm.dashboard import data
 from farm.dashboard.app import CSRF_COOKIE, create_app
 from farm.history import LATENCY_EDGES_S, latency_bin
 from farm.status import collect_status
-
-from conftest import async_wait_for, in_process_worker, make_settings, wait_for
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 

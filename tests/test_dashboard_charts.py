@@ -16,24 +16,17 @@ from typing import Optional
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from helpers.browser import browser_path, fits_width, page_ready
+from helpers.processes import farm_process, stop_all
+from helpers.redis import make_settings
+from helpers.waiting import async_wait_for, wait_for
+from helpers.workers import in_process_worker
 
 from farm import history
 from farm.client import FarmClient
 from farm.dashboard.app import create_app
 from farm.dashboard.charts import clock, line_chart
-
-from conftest import (
-    async_wait_for,
-    browser_path,
-    farm_process,
-    fits_width,
-    free_port,
-    in_process_worker,
-    make_settings,
-    page_ready,
-    stop_all,
-    wait_for,
-)
+from farm.embedded import free_port
 
 HHMM = re.compile(r"^\d\d:\d\d$")
 CHARTS = ("rollouts per minute", "failures by kind", "reward", "latency (s, estimated from bins)")

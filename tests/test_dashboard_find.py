@@ -22,21 +22,16 @@ import msgspec
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from helpers.browser import browser_path, fits_width, page_ready
+from helpers.processes import farm_process
+from helpers.redis import make_settings
+from helpers.waiting import wait_for
+from helpers.workers import in_process_worker
 
 from farm import deadletters
 from farm.client import FarmClient
 from farm.dashboard.app import create_app
-
-from conftest import (
-    browser_path,
-    farm_process,
-    fits_width,
-    free_port,
-    in_process_worker,
-    make_settings,
-    page_ready,
-    wait_for,
-)
+from farm.embedded import free_port
 
 HOSTILE_GROUP = "<img src=x onerror=\"document.title='pwned'\">"
 HOSTILE_TASK = "</td><script>document.title='pwned'</script>"

@@ -16,13 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
+from helpers.browser import browser_path, fits_width
+from helpers.processes import farm_process, stop_all
+from helpers.redis import make_settings
+from helpers.waiting import wait_for
 from test_dashboard_browser import submit
 
 from farm import history, schema
 from farm.client import FarmClient
-from farm.embedded import EmbeddedRedis
-
-from conftest import browser_path, farm_process, fits_width, free_port, make_settings, stop_all, wait_for
+from farm.embedded import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.slow
 REFRESH_S = 5  # base.html's data-refresh-s

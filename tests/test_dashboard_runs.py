@@ -23,23 +23,16 @@ from collections import defaultdict
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from helpers.browser import browser_path, fits_width, page_ready
+from helpers.processes import farm_process, stop_all
+from helpers.redis import make_settings
+from helpers.waiting import async_wait_for, wait_for
+from helpers.workers import in_process_worker
 
 from farm import history
 from farm.client import FarmClient
 from farm.dashboard.app import create_app
-
-from conftest import (
-    async_wait_for,
-    browser_path,
-    farm_process,
-    fits_width,
-    free_port,
-    in_process_worker,
-    make_settings,
-    page_ready,
-    stop_all,
-    wait_for,
-)
+from farm.embedded import free_port
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 # policy version -> the rewards of train's rollouts started on it (pass: reward >= 1.0)

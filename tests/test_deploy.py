@@ -34,13 +34,15 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
+from helpers import ROOT
+from helpers.processes import farm_process, stop
+from helpers.redis import make_settings
+from helpers.waiting import async_wait_for, wait_for
 
 from farm import state
-from farm.embedded import EmbeddedRedis
+from farm.embedded import EmbeddedRedis, free_port
 from farm.keys import Keys
 from farm.settings import Settings, load_settings
-
-from conftest import ROOT, async_wait_for, farm_process, free_port, make_settings, stop, wait_for
 
 DEPLOY = ROOT / "deploy"
 DATA = ROOT / "tests" / "data"
@@ -129,6 +131,7 @@ def validate(doc: dict, k8s_version: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.slow
 def test_every_overlay_renders_and_validates_against_kubernetes_and_keda_schemas(overlay):
     docs = kustomize(DEPLOY / "k8s" / "overlays" / overlay)
     kinds = sorted({d["kind"] for d in docs})
@@ -138,6 +141,7 @@ def test_every_overlay_renders_and_validates_against_kubernetes_and_keda_schemas
             validate(doc, version)
 
 
+@pytest.mark.slow
 def test_the_validators_reject_what_they_should():
     """Negative controls: a misspelt field fails both validators, so their passing means something."""
     kubernetes_validate = need("kubernetes_validate", "kubernetes-validate")
@@ -199,6 +203,7 @@ def arg(container: dict, flag: str) -> str:
 
 
 @pytest.mark.parametrize("overlay,tls", [("farm", "false"), ("farm-tls", "true")])
+@pytest.mark.slow
 def test_each_pool_is_wired_to_the_farms_own_keys_probes_and_grace_period(overlay, tls):
     docs = kustomize(DEPLOY / "k8s" / "overlays" / overlay)
     found = pools(docs)
@@ -255,6 +260,7 @@ def test_each_pool_is_wired_to_the_farms_own_keys_probes_and_grace_period(overla
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 async def test_the_list_keda_reads_holds_the_waiting_tasks_after_real_submits_and_settles(redis_url, namespace):
     """KEDA's `backlog` trigger reads the length of <ns>:backlog:<agent> (a list, one item per task
     queued in the agent's run queues) and `inflight` the length of the task stream (settled entries
@@ -312,6 +318,7 @@ async def test_the_list_keda_reads_holds_the_waiting_tasks_after_real_submits_an
         r.close()
 
 
+@pytest.mark.slow
 def test_deploy_guide_documents_the_secret_keys_and_the_minimum_keda_version():
     readme = (ROOT / "docs" / "deployment.md").read_text()
     docs = kustomize(DEPLOY / "k8s" / "overlays" / "farm-tls")
@@ -396,6 +403,7 @@ def test_compose_services_are_healthchecked_restarted_ordered_and_configured_as_
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_compose_healthchecks_pass_against_real_services_and_fail_without_them(tmp_path):
     """Each healthcheck command as compose runs it in its container, with /run/secrets/... and the
     container's ports moved to this machine's: redis-cli against a password-protected Redis, `farm
@@ -478,6 +486,7 @@ def hadolint() -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_dockerfile_is_hadolint_clean(tmp_path):
     lint = hadolint()
     out = subprocess.run([lint, str(DEPLOY / "Dockerfile")], capture_output=True, text=True, timeout=60)
@@ -488,6 +497,7 @@ def test_dockerfile_is_hadolint_clean(tmp_path):
     assert out.returncode != 0 and "DL3008" in out.stdout  # the negative control: unpinned apt packages
 
 
+@pytest.mark.slow
 def test_dockerfile_is_one_multi_stage_non_root_image_whose_entry_point_is_the_cli():
     ins = dockerfile()
     stages = [rest.split()[-1] for word, rest in ins if word == "FROM"]
@@ -507,6 +517,7 @@ def test_dockerfile_is_one_multi_stage_non_root_image_whose_entry_point_is_the_c
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_the_images_build_steps_install_a_farm_whose_healthcheck_passes_for_a_live_worker(tmp_path, redis_url):
     """The build stage's commands, run here: WORKDIR and /opt/farm moved into a temp dir, the COPY'd
     sources copied, each RUN through /bin/sh as Docker runs it, EXTRAS empty (the core: noop). Then the

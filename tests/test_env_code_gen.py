@@ -9,13 +9,12 @@ import random
 
 import pytest
 import yaml
+from helpers.workers import run_through_worker
 
 from envs.code_families import FAMILIES, generate, make_row, reference_solution
 from envs.code_gen import CodeGen, extract_code
 from envs.sdk import Transcript
 from farm.schema import Sampling
-
-from conftest import run_through_worker
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the code sandbox's isolation needs root on Linux")
 
@@ -54,6 +53,7 @@ def test_extracts_the_last_python_block():
     assert extract_code("```python\nunterminated = 1\n") is None  # cut off by max_tokens
 
 
+@pytest.mark.slow
 async def test_every_shipped_reference_solution_gets_full_reward(env):
     rng = random.Random(3)
     rows = [make_row(f, rng) for f in FAMILIES]
@@ -64,6 +64,7 @@ async def test_every_shipped_reference_solution_gets_full_reward(env):
         assert v.metrics["reason"] == "ok" and v.metrics["passed"] == v.metrics["total"] == 6
 
 
+@pytest.mark.slow
 async def test_wrong_solutions_get_nothing(env):
     rows = generate(3, seed=11)
     wrong = [f"def {r['verifier_metadata']['unit_tests']['fn_name']}(*args):\n    return 'nope'\n" for r in rows]
@@ -72,6 +73,7 @@ async def test_wrong_solutions_get_nothing(env):
     assert all(v.metrics["reason"] == "ok" and v.metrics["passed"] == 0 for v in verdicts)
 
 
+@pytest.mark.slow
 async def test_partial_solutions_get_the_fraction_or_nothing_when_all_is_required(env, redis_url, queue):
     def right(row):  # how many tests `half` passes: those whose input is not above the upper bound
         tests, lo = row["verifier_metadata"]["unit_tests"], row["problem"]["params"]["lo"]
@@ -90,6 +92,7 @@ async def test_partial_solutions_get_the_fraction_or_nothing_when_all_is_require
     assert (await strict.score(row, None, answer(reference_solution(row)))).reward == 1.0
 
 
+@pytest.mark.slow
 async def test_fraction_rewards_several_partial_answers(env):
     row = make_row(next(f for f in FAMILIES if f.id == "is_prime"), random.Random(0))
     tests = row["verifier_metadata"]["unit_tests"]
@@ -99,6 +102,7 @@ async def test_fraction_rewards_several_partial_answers(env):
         assert v.reward == pytest.approx(sum(t == guess for t in truth) / len(truth))
 
 
+@pytest.mark.slow
 async def test_programs_that_time_out_or_do_not_load_score_zero_with_a_reason(env):
     row = generate(1, seed=4)[0]
     fn = row["verifier_metadata"]["unit_tests"]["fn_name"]
@@ -119,6 +123,7 @@ def test_the_default_reward_is_all_or_nothing_as_in_nemo_gym():
     assert CodeGen().reward == "all"
 
 
+@pytest.mark.slow
 async def test_by_default_the_sandbox_queue_is_a_password_protected_redis_of_its_own():
     env = CodeGen(wall_s=3.0)
     row = generate(1, seed=5)[0]
@@ -189,6 +194,7 @@ NEMO_GYM_CASES = [
 
 
 @pytest.mark.parametrize("text,inputs,outputs,reward", NEMO_GYM_CASES)
+@pytest.mark.slow
 async def test_nemo_gym_published_verdicts(redis_url, queue, text, inputs, outputs, reward):
     env = CodeGen(redis_url=redis_url, queue=queue, wall_s=3.0, cpu_s=2)  # the default: all or nothing
     try:

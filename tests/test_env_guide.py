@@ -18,14 +18,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.policies import ScriptedPolicy, hermes
 
 from envs.sdk import Environment, ErrorKind, RolloutFailure, ToolArgumentError, Transcript, env_class
 from farm.schema import Status, Task
 from workers.loops.agent import AgentContext
 from workers.loops.env_calls import verify
 from workers.loops.loop import AgentLoop
-
-from conftest import ROOT, ScriptedPolicy, hermes
 
 GUIDE = ROOT / "docs" / "write-your-own-environment.md"
 

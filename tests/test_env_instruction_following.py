@@ -5,6 +5,7 @@ import asyncio
 import json
 
 import pytest
+from helpers.workers import run_through_worker
 
 from envs.ifeval import (
     GENERATABLE,
@@ -17,8 +18,6 @@ from envs.ifeval import (
 from envs.instruction_following import InstructionFollowing, generate, grade
 from envs.sdk import Transcript
 from farm.schema import Sampling
-
-from conftest import run_through_worker
 
 PARAS3 = "First part here.\n***\nSecond part here.\n***\nThird part here."
 # (id, kwargs, an answer that follows it, an answer that does not)
@@ -276,6 +275,7 @@ def verify(env, row, text):
     return asyncio.run(scored())
 
 
+@pytest.mark.slow
 def test_binary_and_fraction_grading():
     all_ok, two_of_three = "<<Rain>>\nSoft rain falls", "<<Rain>>\nSoft rain, falls"
     binary, fraction = InstructionFollowing(), InstructionFollowing(grading="fraction")
@@ -294,6 +294,7 @@ def test_binary_and_fraction_grading():
     assert verify(fraction, ROW, "nothing right, at all, in this long answer of more than ten words").reward == 0.0
 
 
+@pytest.mark.slow
 def test_a_rows_grading_mode_overrides_the_environments():
     row = {**ROW, "grading_mode": "fraction"}
     assert verify(InstructionFollowing(), row, "<<Rain>>\nSoft rain, falls").reward == pytest.approx(2 / 3)
@@ -303,6 +304,7 @@ def test_a_rows_grading_mode_overrides_the_environments():
         InstructionFollowing(grading="partial")
 
 
+@pytest.mark.slow
 def test_verifier_metadata_layout_wins_over_top_level_fields():
     row = {
         "id": 1,
@@ -320,6 +322,7 @@ def test_verifier_metadata_layout_wins_over_top_level_fields():
     assert v.reward == 1.0 and set(v.components) == {"startend:quotation"}
 
 
+@pytest.mark.slow
 def test_repeated_instruction_ids_get_distinct_components():
     row = {
         "instruction_id_list": ["keywords:existence", "keywords:existence"],
@@ -342,6 +345,7 @@ def test_repeated_instruction_ids_get_distinct_components():
         ({**ROW, "instruction_id_list": []}, "instruction_id_list"),
     ],
 )
+@pytest.mark.slow
 def test_rows_that_cannot_be_verified_raise_rather_than_score_zero(row, match):
     with pytest.raises(InstructionError, match=match):
         verify(InstructionFollowing(), row, "anything")

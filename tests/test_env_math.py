@@ -8,6 +8,8 @@ import time
 
 import httpx
 import pytest
+from helpers.policies import ScriptedPolicy
+from helpers.workers import run_through_worker
 
 import envs.math as math_env
 from envs.cpu import VerifierTimeout
@@ -17,8 +19,6 @@ from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
 from workers.loops.agent import AgentContext
 from workers.loops.loop import AgentLoop
-
-from conftest import ScriptedPolicy, run_through_worker
 
 
 def said(text: str) -> Transcript:
@@ -64,6 +64,7 @@ def test_generation_is_deterministic_by_seed():
         assert "\\boxed{}" in r["responses_create_params"]["input"][0]["content"]
 
 
+@pytest.mark.slow
 async def test_every_generated_answer_verifies_against_itself(env):
     rows = generate(12, seed=4)
     verdicts = await asyncio.gather(*(env.score(r, None, said(f"So \\boxed{{{r['expected_answer']}}}.")) for r in rows))
@@ -82,6 +83,7 @@ async def test_every_generated_answer_verifies_against_itself(env):
         ("$12$", "first \\boxed{7}, no wait: \\boxed{12}"),
     ],
 )
+@pytest.mark.slow
 async def test_known_correct_answers_get_full_reward(env, expected, answer):
     v = await env.score(row(expected), None, said(answer))
     assert v.reward == 1.0 and v.components == {"library": 1.0} and v.metrics["has_boxed"]
@@ -91,6 +93,7 @@ async def test_known_correct_answers_get_full_reward(env, expected, answer):
     "expected, answer",
     [("81", "The answer is 81."), ("\\frac{1}{2}", "So x = 1/2"), ("12", "First 7, then finally $12$")],
 )
+@pytest.mark.slow
 async def test_a_plain_final_answer_counts_as_nemo_gym_reads_it(env, expected, answer):
     v = await env.score(row(expected), None, said(answer))
     assert v.reward == 1.0 and not v.metrics["has_boxed"]
@@ -107,6 +110,7 @@ async def test_a_plain_final_answer_counts_as_nemo_gym_reads_it(env, expected, a
         ("7", ""),
     ],
 )
+@pytest.mark.slow
 async def test_known_wrong_answers_get_none(env, expected, answer):
     v = await env.score(row(expected), None, said(answer))
     assert v.reward == 0.0 and v.components == {"library": 0.0}
@@ -117,6 +121,7 @@ def test_last_boxed_balances_braces():
     assert last_boxed("no box") is None and last_boxed("\\boxed{unclosed") is None
 
 
+@pytest.mark.slow
 async def test_broken_expected_answer_raises_not_scores_zero(env):
     with pytest.raises(ValueError, match="does not parse"):
         await env.score(row("\\frac{"), None, said("\\boxed{5}"))
@@ -145,6 +150,7 @@ def pinned_compare(expected, boxed, text=""):
     return expected == boxed
 
 
+@pytest.mark.slow
 async def test_a_spinning_comparison_is_stopped_at_its_cpu_limit(make_math):
     e = make_math(library_timeout_s=1.0)
     e.compare = spinning_compare
@@ -156,6 +162,7 @@ async def test_a_spinning_comparison_is_stopped_at_its_cpu_limit(make_math):
     assert (await e.score(row("5"), None, said("\\boxed{5}"))).reward == 1.0
 
 
+@pytest.mark.slow
 async def test_a_blocked_comparison_is_killed_at_its_wall_backstop(make_math):
     e = make_math(library_timeout_s=1.0, library_wall_s=2.0)
     e.compare = sleepy_compare
@@ -173,6 +180,7 @@ def _burn(stop):
         pass
 
 
+@pytest.mark.slow
 async def test_the_limit_is_cpu_time_so_a_loaded_machine_does_not_fail_honest_answers(make_math):
     """Three processes burn CPU 0 while a comparison needing 0.6 s of CPU runs there too: it takes
     well over its 1 s limit in wall time, and still scores, because the limit counts its CPU."""
@@ -214,6 +222,7 @@ def scripted_judge(decide, calls: list) -> Judge:
     return Judge("http://judge.test", "stub", transport=httpx.MockTransport(handler), backoff_s=0.01)
 
 
+@pytest.mark.slow
 async def test_judge_counts_equal_only_when_both_orders_agree(make_math):
     calls: list = []
     agreeing = make_math(judge=scripted_judge(lambda a, b: "Same value. [[A=B]]", calls))
@@ -246,6 +255,7 @@ async def test_judge_counts_equal_only_when_both_orders_agree(make_math):
     assert v.reward == 1.0 and v.components == {"library": 1.0} and calls == []
 
 
+@pytest.mark.slow
 async def test_judge_failures_raise_after_bounded_retries(make_math):
     seen = []
 
@@ -267,6 +277,7 @@ async def test_judge_failures_raise_after_bounded_retries(make_math):
         Math(judge_url="http://judge.test")
 
 
+@pytest.mark.slow
 async def test_verifier_error_is_a_failed_rollout_with_its_reason(tokenizer, env):
     """A scripted policy: this test is about the verifier's failure reaching the rollout through
     the real agent loop, not about sampling."""
@@ -301,6 +312,7 @@ def test_worker_runs_math_against_real_vllm(settings, vllm, model_dir):
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 async def test_the_real_vllm_server_can_be_the_judge(vllm):
     """The judge's HTTP path against a real OpenAI-compatible server; SmolLM2's verdict itself is noise."""
     judge = Judge(vllm.url, vllm.served_model_name, max_tokens=32)

@@ -12,6 +12,8 @@ import pytest
 from envs.math import Math
 from envs.sdk import Transcript
 
+pytestmark = pytest.mark.slow
+
 # (expected_answer, model answer, NeMo Gym's reward)
 PUBLISHED = [
     ("4", "2 + 2 = \\boxed{4}", 1.0),

@@ -3,12 +3,11 @@
 import json
 
 import pytest
+from helpers.workers import run_through_worker
 
 from envs.mcqa import LETTERS, MCQA, MODES, generate, grade
 from envs.sdk import Transcript
 from farm.schema import Sampling
-
-from conftest import run_through_worker
 
 ENV = MCQA()
 OPTIONS = [{"A": "Paris"}, {"B": "Lima"}, {"C": "Oslo"}, {"D": "Cairo"}]

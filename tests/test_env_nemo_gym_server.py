@@ -13,17 +13,17 @@ import json
 import re
 
 import pytest
+from helpers.policies import ScriptedPolicy, hermes
 from nemo_gym_standin import StandIn
 
 from envs.nemo_gym_server import CheckedRow, NemoGymServer, response_object
 from envs.sdk import ErrorKind, RolloutFailure, RowError, Transcript, load_env
+from farm.embedded import free_port
 from farm.errors import ConfigError
 from farm.schema import Status, Task
 from workers.loops.agent import AgentContext
 from workers.loops.env_calls import call_tool
 from workers.loops.loop import AgentLoop
-
-from conftest import ScriptedPolicy, free_port, hermes
 
 
 def tool(name: str, properties: dict, required: list[str]) -> dict:

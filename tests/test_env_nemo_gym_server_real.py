@@ -19,6 +19,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.policies import hermes
+from helpers.processes import stop
+from helpers.workers import run_through_worker
 from nemo_gym_standin import StandIn
 from test_env_nemo_gym_server import COUNTER_SCRIPT, NAMES, counter_row, rollout, run_scripted, transcript
 
@@ -26,7 +30,7 @@ from envs.nemo_gym_server import NemoGymServer
 from envs.sdk import ErrorKind, ToolArgumentError
 from farm.schema import Status
 
-from conftest import ROOT, hermes, run_through_worker, stop
+pytestmark = pytest.mark.slow
 
 BUILD_TIMEOUT_S = 1500
 REAL = pytest.mark.timeout(BUILD_TIMEOUT_S + 300)  # the first real test may build .venv-nemo-gym

@@ -3,12 +3,11 @@
 import json
 
 import pytest
+from helpers.workers import run_through_worker
 
 from envs.reasoning_gym import ReasoningGym, extract
 from envs.sdk import Transcript
 from farm.schema import Sampling
-
-from conftest import run_through_worker
 
 
 def said(text: str) -> Transcript:
@@ -53,6 +52,7 @@ def test_extraction_prefers_the_answer_tag_then_the_last_box_then_the_text():
 
 
 @pytest.mark.parametrize("task", ["mini_sudoku", "basic_arithmetic", "leg_counting", "gcd", "word_sorting"])
+@pytest.mark.slow
 async def test_known_correct_answers_get_full_reward(task):
     env = ReasoningGym(task=task)
     try:
@@ -69,6 +69,7 @@ async def test_known_correct_answers_get_full_reward(task):
         env.pool.close()
 
 
+@pytest.mark.slow
 async def test_known_wrong_answers_get_none(sudoku):
     r = sudoku.generate(1, seed=5)[0]
     grid = [line.split() for line in r["answer"].split("\n")]
@@ -93,6 +94,7 @@ async def test_known_wrong_answers_get_none(sudoku):
         arithmetic.pool.close()
 
 
+@pytest.mark.slow
 async def test_rows_that_cannot_be_scored_raise(sudoku):
     r = sudoku.generate(1, seed=5)[0]
     with pytest.raises(ValueError, match="source_dataset"):

@@ -9,6 +9,7 @@ from typing import Literal, Optional
 
 import msgspec
 import pytest
+from helpers.policies import ScriptedPolicy
 
 from envs.data import check_row, row_types, run_prepare
 from envs.sdk import (
@@ -32,8 +33,6 @@ from farm.schema import AgentRef as WireAgentRef
 from farm.schema import Rollout, RolloutError, Status, Task, decode_task, encode, entry
 from workers.delivery.runtime import Worker
 from workers.loops.loop import AgentLoop
-
-from conftest import ScriptedPolicy
 
 TOOLS = Toolset()
 
@@ -334,13 +333,14 @@ for name in %r:
 """
 
 
+@pytest.mark.slow
 def test_every_generator_gives_the_same_rows_in_any_process():
     """Same seed, same bytes, whatever the process's hash randomization (PYTHONHASHSEED)."""
     import os
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     outputs = []
     for hash_seed in ("1", "2"):

@@ -10,6 +10,8 @@ import asyncio
 import re
 
 import pytest
+from helpers.policies import ScriptedPolicy, hermes
+from helpers.workers import run_through_worker
 
 from envs.data import check_row
 from envs.sdk import RowError, Transcript, load_env
@@ -18,8 +20,6 @@ from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
 from workers.loops.agent import AgentContext
 from workers.loops.loop import AgentLoop
-
-from conftest import ScriptedPolicy, hermes, run_through_worker
 
 # A row as NeMo Gym's example_session_state_mgmt data has it (its tools name the argument `count`).
 REFERENCE_ROW = {

@@ -7,13 +7,13 @@ no expected city), to show such rows run through the farm unchanged.
 import asyncio
 
 import pytest
+from helpers.data import as_row
+from helpers.workers import run_through_worker
 
 from envs.data import check_row
 from envs.sdk import RowError, Transcript, load_env
 from envs.single_tool_call import SingleToolCall, generate, get_weather
 from farm.schema import Sampling
-
-from conftest import as_row, run_through_worker
 
 # A row as NeMo Gym's example_single_tool_call data has it: the tool in the row, no ground truth.
 REFERENCE_ROW = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.policies import ScriptedPolicy, hermes
+from helpers.workers import run_through_worker
 
 from envs.sdk import Transcript, load_env
 from envs.workplace import BadGroundTruth, WorkplaceAssistant, generate
@@ -14,8 +16,6 @@ from envs.workplace.seeded import build_office
 from envs.workplace.tools import MUTATING, call
 from envs.workplace.tools import TOOLS as OFFICE_TOOLS
 from farm.schema import Sampling
-
-from conftest import ScriptedPolicy, hermes, run_through_worker
 
 ENV = WorkplaceAssistant()
 TOOLS = {t.name: t for t in ENV.tools()}

@@ -37,6 +37,8 @@ from envs.workplace import WorkplaceAssistant, load_tables
 from envs.workplace.office import NOW, ToolError, name_of
 from envs.workplace.tools import FARM_ONLY, TOOLS, call
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def env():
@@ -290,9 +292,10 @@ def test_a_recorded_rollout_through_a_worker_earns_nemo_gyms_reward(prompt, sett
     """A NeMo Gym row (its prompt and 27 tools as recorded) through Redis and a real `farm worker`
     configured with NeMo Gym's tables; the policy is workers/policy/stub emitting the recorded
     calls (a fake: no model makes a given call sequence on demand), one per turn, then an answer."""
-    from workers.policy.stub import Script, StubProcess
+    from helpers.policies import hermes
+    from helpers.workers import run_through_worker
 
-    from conftest import hermes, run_through_worker
+    from workers.policy.stub import Script, StubProcess
 
     rollout = next(r for r in jsonl("example_rollouts.jsonl") if _prompt(r) == prompt)
     row = nemo_row(rollout, rollout_truth(prompt))

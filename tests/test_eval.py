@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
+from helpers.processes import stop
+from helpers.workers import spawn_worker, worker_env
 
 from producer.evaluate import wilson
-
-from conftest import ROOT, spawn_worker, stop, worker_env
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,7 @@ def noop(i: int, **spec) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_farm_eval_reports_pass_rate_interval_and_failures(settings, tmp_path):
     rows = [noop(i, reward=1.0) for i in range(6)] + [noop(i, reward=0.0) for i in range(6, 10)]
     rows += [noop(10, fail="fatal")]

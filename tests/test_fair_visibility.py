@@ -17,14 +17,15 @@ import time
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from helpers import ROOT
+from helpers.waiting import async_wait_for
+from helpers.workers import in_process_worker, worker_env
 from prometheus_client.parser import text_string_to_metric_families
 
 from farm import history, status
 from farm.client import FarmClient
 from farm.dashboard import data
 from farm.dashboard.app import create_app
-
-from conftest import ROOT, async_wait_for, in_process_worker, worker_env
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 NO_RATES = {"done_per_min": 0.0, "failed_per_min": 0.0, "cancelled_per_min": 0.0}
@@ -56,6 +57,7 @@ def samples(text: str, name: str) -> dict[tuple, float]:
     return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
 
 
+@pytest.mark.slow
 async def test_status_shows_each_runs_queue_share_and_cap_and_the_agents_queued_counts_them_all(settings, sync_redis):
     client = FarmClient(settings)
     await client.submit(tasks(client, "train", 30), share=3)
@@ -137,6 +139,7 @@ async def test_a_real_workers_slots_split_by_share_show_on_the_dashboard_and_in_
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 async def test_done_per_minute_per_run_after_a_real_worker_settles(settings, sync_redis):
     """12 rollouts of train and 4 of eval (and one failure of eval) settled by a real worker, then
     more tasks queued with no worker: each run's done per minute is its own count over the window
@@ -184,6 +187,7 @@ async def test_done_per_minute_per_run_after_a_real_worker_settles(settings, syn
     assert 2.4 <= shown_on_page["train"] <= 3.0 and 0.8 <= shown_on_page["eval"] <= 1.0, shown_on_page
 
 
+@pytest.mark.slow
 async def test_a_run_id_written_by_hand_is_shown_as_text(settings, sync_redis):
     """Run ids come from Redis: one that is not a plain name (written there by something else) is
     escaped on the page, plain text in `farm status`, a label value in /metrics, and breaks nothing."""

@@ -16,6 +16,12 @@ from collections import Counter
 
 import msgspec
 import pytest
+from helpers.data import trainer_row
+from helpers.processes import farm_process, stop
+from helpers.redis import run_script
+from helpers.trainer import CharTokenizer
+from helpers.waiting import wait_for
+from helpers.workers import in_process_worker, spawn_worker
 
 from farm import fairness
 from farm.client import FarmClient
@@ -24,17 +30,6 @@ from farm.errors import ConfigError
 from farm.schema import Status
 from farm.streams import AgentStream
 from farm.transport import Outage
-
-from conftest import (
-    CharTokenizer,
-    farm_process,
-    in_process_worker,
-    run_script,
-    spawn_worker,
-    stop,
-    trainer_row,
-    wait_for,
-)
 
 ROW = {"noop": {}}
 
@@ -170,6 +165,7 @@ def finished_at(record: dict) -> float:
     return record["rollout"]["finished_at"]
 
 
+@pytest.mark.slow
 def test_two_collects_3_to_1_when_the_first_ends_the_second_has_about_a_third(tmp_path, settings, sync_redis):
     """The issue's case: 240 rows each, shares 3 and 1, everything queued before the worker starts.
     3:1 of one worker's 8 slots gives the second run 80 done when the first ends; 70-92 is the
@@ -213,6 +209,7 @@ def test_two_collects_3_to_1_when_the_first_ends_the_second_has_about_a_third(tm
     assert 70 <= second_done <= 92, second_done
 
 
+@pytest.mark.slow
 def test_the_trainers_share_reaches_the_farm_and_a_bad_one_is_refused(settings, sync_redis):
     """FarmRollout(share=3) queues its step's tasks with share 3 (seen in the runs hash while they wait
     behind a one-slot worker); TrainConfig refuses a share of 0."""
@@ -241,11 +238,13 @@ def test_the_trainers_share_reaches_the_farm_and_a_bad_one_is_refused(settings, 
 
 
 @pytest.mark.parametrize("flag, value", [("--share", "0"), ("--share", "nan"), ("--max-in-flight", "-1")])
+@pytest.mark.slow
 def test_farm_collect_refuses_a_bad_share_or_cap_in_one_line(tmp_path, settings, flag, value):
     import subprocess
     import sys
 
-    from conftest import ROOT, worker_env
+    from helpers import ROOT
+    from helpers.workers import worker_env
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"noop": {}, "agent_ref": {"type": "responses_api_agents", "name": "noop"}}) + "\n")

@@ -16,6 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.processes import stop
+from helpers.redis import consumer_with_tasks, make_settings, run_script
+from helpers.waiting import async_wait_for, wait_for
+from helpers.workers import in_process_worker as running
+from helpers.workers import spawn_worker, worker_env
 
 from farm import schema
 from farm.client import FarmClient
@@ -24,19 +30,6 @@ from farm.errors import ConfigError, RedisAuthError
 from farm.keys import GROUP
 from farm.schema import Status
 from farm.streams import AgentStream
-
-from conftest import (
-    ROOT,
-    async_wait_for,
-    consumer_with_tasks,
-    make_settings,
-    run_script,
-    spawn_worker,
-    stop,
-    wait_for,
-    worker_env,
-)
-from conftest import in_process_worker as running
 
 # A msgpack body nested 100,000 arrays deep: deeper than any decoder's recursion limit.
 NESTED = b"\x91" * 100_000 + b"\xc0"
@@ -145,6 +138,7 @@ async def test_unreadable_results_are_dead_lettered_and_the_client_goes_on(setti
     await client.aclose()
 
 
+@pytest.mark.slow
 def test_collect_goes_on_past_a_poison_result(tmp_path, settings, sync_redis):
     import json
 
@@ -234,6 +228,7 @@ async def test_the_settle_script_checks_reply_to_itself_and_acks_nothing(setting
     await r.aclose()
 
 
+@pytest.mark.slow
 def test_a_failed_write_leaves_the_task_pending(tmp_path):
     """Redis out of memory: the rollout cannot be written, so the task must not be acknowledged."""
     from farm.connection import connect_sync
@@ -321,6 +316,7 @@ def _warnings_per_process(out: str) -> dict[int, list[dict]]:
     return by_pid
 
 
+@pytest.mark.slow
 def test_busy_worker_exits_within_the_outage_bound_and_warns_at_most_once_a_second(tmp_path):
     down_max = 4.0
     took, code, out = _outage(tmp_path, 1, down_max)
@@ -335,6 +331,7 @@ def test_busy_worker_exits_within_the_outage_bound_and_warns_at_most_once_a_seco
     assert all(g >= 0.99 for g in gaps), [(round(g, 3), b["logger"], b["msg"][:90]) for g, b in zip(gaps, warnings[1:])]
 
 
+@pytest.mark.slow
 def test_a_worker_pool_exits_within_the_outage_bound_not_once_per_restart(tmp_path):
     """Children that exit 3 have waited out the bound already: the pool does not restart them
     into a fresh clock while Redis is still away (it used to take about 4x the bound)."""
@@ -352,6 +349,7 @@ def test_a_worker_pool_exits_within_the_outage_bound_not_once_per_restart(tmp_pa
         assert all(g >= 0.99 for g in gaps), [(round(g, 3), b["msg"]) for g, b in zip(gaps, warnings[1:])]
 
 
+@pytest.mark.slow
 def test_wrong_password_fails_fast_with_one_clear_line(tmp_path):
     with EmbeddedRedis(tmp_path / "redis", password="s3cret") as server:
         wrong = server.url.replace("s3cret", "wrong-pw")
@@ -370,6 +368,7 @@ def test_wrong_password_fails_fast_with_one_clear_line(tmp_path):
             assert "wrong-pw" not in out
 
 
+@pytest.mark.slow
 async def test_auth_errors_are_never_retried(tmp_path):
     with EmbeddedRedis(tmp_path / "redis", password="s3cret") as server:
         settings = make_settings(server.url.replace("s3cret", "nope"), "auth")
@@ -419,6 +418,7 @@ def _starts(tmp_path: Path) -> int:
     return len(p.read_text()) if p.exists() else 0
 
 
+@pytest.mark.slow
 def test_supervisor_keeps_restarting_a_child_that_crashes_now_and_then(tmp_path):
     proc = _pool(tmp_path, "time.sleep(0.6); sys.exit(1)", max_restarts=3, window_s=1.0)
     try:
@@ -429,6 +429,7 @@ def test_supervisor_keeps_restarting_a_child_that_crashes_now_and_then(tmp_path)
     assert _starts(tmp_path) >= 9, out
 
 
+@pytest.mark.slow
 def test_supervisor_stops_a_crash_loop_within_its_window(tmp_path):
     proc = _pool(tmp_path, "sys.exit(1)", max_restarts=3, window_s=30.0)
     out, _ = proc.communicate(timeout=30)
@@ -437,6 +438,7 @@ def test_supervisor_stops_a_crash_loop_within_its_window(tmp_path):
     assert "3 restarts within 30s" in out
 
 
+@pytest.mark.slow
 def test_supervisor_does_not_restart_a_configuration_error(tmp_path):
     proc = _pool(tmp_path, "time.sleep(0.3); sys.exit(2)", processes=2)
     out, _ = proc.communicate(timeout=30)
@@ -446,6 +448,7 @@ def test_supervisor_does_not_restart_a_configuration_error(tmp_path):
 
 
 @pytest.mark.parametrize("code", [2, 3, 5])
+@pytest.mark.slow
 def test_a_pool_stops_with_its_cause_not_with_the_signal_that_stopped_the_rest(tmp_path, code):
     """One child exits with a code that stops the pool (3: Redis gone, with no Redis to ask); the
     other is still running and dies of the pool's SIGTERM. The pool's status is the cause, never 15."""
@@ -457,6 +460,7 @@ def test_a_pool_stops_with_its_cause_not_with_the_signal_that_stopped_the_rest(t
     assert _starts(tmp_path) == 2, out
 
 
+@pytest.mark.slow
 def test_worker_pool_children_get_arguments_they_accept(settings, tmp_path, sync_redis):
     """`farm --config c.yaml worker --processes 2`: both children run, and stop on SIGTERM."""
     cfg = tmp_path / "c.yaml"

@@ -13,6 +13,8 @@ import json
 import msgspec
 import openai
 import pytest
+from helpers.policies import hermes
+from helpers.redis import make_settings
 
 from envs.sdk import load_env
 from farm.errors import ConfigError, RolloutFailure
@@ -25,8 +27,6 @@ from workers.loops.context import AgentContext
 from workers.loops.harness import HarnessAgent, _local_http, load_harness
 from workers.policy.rotation import Session
 from workers.policy.tokens import Completion
-
-from conftest import hermes, make_settings
 
 TOOLS = [
     {
@@ -118,6 +118,7 @@ def sampled(seg):
     return [i for i, m in zip(seg.ids, seg.mask) if m]
 
 
+@pytest.mark.slow
 async def test_a_tool_loop_is_one_segment_whose_prompts_extend_the_sampled_ids(gateway, tokenizer):
     gw, policy, calls, client = await gateway([hermes("get_weather", {"city": "Paris"}), "Sunny in Paris."])
     messages = list(HISTORY)
@@ -139,6 +140,7 @@ async def test_a_tool_loop_is_one_segment_whose_prompts_extend_the_sampled_ids(g
     assert calls.bridge.metrics()["retokenized_tokens"] == 0 and calls.bridge.metrics()["segments"] == 1
 
 
+@pytest.mark.slow
 async def test_a_retried_call_forks_and_an_edited_history_starts_a_new_segment(gateway, tokenizer):
     gw, policy, calls, client = await gateway([hermes("get_weather", {"city": "Paris"}), "A", "B", "C"])
     messages = list(HISTORY)
@@ -162,6 +164,7 @@ async def test_a_retried_call_forks_and_an_edited_history_starts_a_new_segment(g
     assert sum(len(sampled(s)) for s in calls.bridge.segments) == sum(len(tokenizer.encode(t)) + 1 for t in replies)
 
 
+@pytest.mark.slow
 async def test_content_none_equals_empty_and_arguments_match_as_canonical_json(gateway):
     gw, policy, calls, client = await gateway([hermes("get_weather", {"city": "Paris"}), "done"])
     msg = (await client.chat.completions.create(model="m", messages=HISTORY, tools=TOOLS)).choices[0].message
@@ -188,6 +191,7 @@ async def test_content_none_equals_empty_and_arguments_match_as_canonical_json(g
     assert len(calls.bridge.segments) == 2
 
 
+@pytest.mark.slow
 async def test_a_turn_cut_at_max_tokens_is_extended_with_the_eos_as_an_inserted_token(gateway, tokenizer):
     gw, policy, calls, client = await gateway([("It is", "length"), "sunny."])
     r = await client.chat.completions.create(model="m", messages=HISTORY)
@@ -200,6 +204,7 @@ async def test_a_turn_cut_at_max_tokens_is_extended_with_the_eos_as_an_inserted_
     assert calls.bridge.metrics()["unterminated_turns"] == 1
 
 
+@pytest.mark.slow
 async def test_responses_api_streamed_and_not_with_function_calls(gateway):
     gw, policy, calls, client = await gateway([hermes("get_weather", {"city": "Oslo"}), "Cold in Oslo."])
     tools = [{"type": "function", **TOOLS[0]["function"]}]
@@ -220,6 +225,7 @@ async def test_responses_api_streamed_and_not_with_function_calls(gateway):
     assert r3.output_text == "Yes." and len(calls.bridge.segments) == 1
 
 
+@pytest.mark.slow
 async def test_chat_streaming_with_usage(gateway):
     gw, policy, calls, client = await gateway([hermes("get_weather", {"city": "Lima"})])
     stream = await client.chat.completions.create(
@@ -243,6 +249,7 @@ async def test_chat_streaming_with_usage(gateway):
         ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_value"),
     ],
 )
+@pytest.mark.slow
 async def test_what_cannot_be_honoured_is_a_400_in_openai_shape(gateway, extra, status, code):
     gw, policy, calls, client = await gateway(["unused"])
     body = {"model": "m", "messages": HISTORY, **extra}
@@ -252,6 +259,7 @@ async def test_what_cannot_be_honoured_is_a_400_in_openai_shape(gateway, extra, 
     assert policy.prompts == []  # nothing reached the model
 
 
+@pytest.mark.slow
 async def test_harmless_parameters_are_ignored_and_the_task_sampling_is_imposed(gateway):
     gw, policy, calls, client = await gateway(["ok"])
     r = await client.chat.completions.create(
@@ -267,6 +275,7 @@ async def test_harmless_parameters_are_ignored_and_the_task_sampling_is_imposed(
     assert r.choices[0].message.content == "ok"
 
 
+@pytest.mark.slow
 async def test_keys_malformed_bodies_and_unknown_routes(gateway):
     gw, policy, calls, client = await gateway(["ok"])
     import aiohttp
@@ -290,6 +299,7 @@ async def test_keys_malformed_bodies_and_unknown_routes(gateway):
             assert resp.status == 401
 
 
+@pytest.mark.slow
 async def test_in_process_requests_get_the_servers_answers(gateway):
     """gateway.handle is what both paths call: keys, routes, bodies and methods answer the same."""
     gw, policy, calls, client = await gateway(["ok"])
@@ -314,6 +324,7 @@ async def test_in_process_requests_get_the_servers_answers(gateway):
     assert msgspec.json.decode(answer.body)["data"][0]["id"] == "m"
 
 
+@pytest.mark.slow
 async def test_max_steps_stops_the_rollout_and_closing_cancels_open_calls(gateway):
     gw, policy, calls, client = await gateway(["a", "b"], max_steps=1)
     await client.chat.completions.create(model="m", messages=HISTORY)
@@ -352,6 +363,7 @@ async def harness_agent(tokenizer, turns, harness: str, env: str = "single_tool_
     return agent
 
 
+@pytest.mark.slow
 async def test_plain_sdk_harness_rollout_is_verified_and_carries_the_trace(tokenizer):
     from envs.single_tool_call import generate
 
@@ -371,6 +383,7 @@ async def test_plain_sdk_harness_rollout_is_verified_and_carries_the_trace(token
     assert kinds == ["function_call", "function_call_output", "message"]
 
 
+@pytest.mark.slow
 async def test_agents_sdk_harness_uses_the_responses_api(tokenizer):
     from envs.single_tool_call import generate
 
@@ -407,6 +420,7 @@ def blocking(client, task):
     return "blocks the event loop"
 
 
+@pytest.mark.slow
 async def test_harness_failures_end_as_the_contract_says(tokenizer):
     from envs.single_tool_call import generate
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers.redis import make_settings
 
 from envs.single_tool_call import generate
 from farm.schema import Sampling, Task
@@ -22,9 +23,7 @@ from farm.settings import AgentConfig
 from workers.loops.agent import load_agent
 from workers.loops.context import AgentContext
 
-from conftest import make_settings
-
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def agent_settings(vllm, model_dir):

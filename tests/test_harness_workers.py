@@ -24,6 +24,11 @@ import time
 
 import pytest
 import yaml
+from helpers import ROOT
+from helpers.policies import stub_processes
+from helpers.processes import stop
+from helpers.waiting import wait_for
+from helpers.workers import run_through_worker, spawn_worker, worker_env
 
 from envs.single_tool_call import generate
 from envs.verifiers_env import Verifiers
@@ -31,8 +36,6 @@ from farm.client import FarmClient
 from farm.schema import ErrorKind, Status
 from workers.policy.stub import WEATHER_ANSWER, WEATHER_CALL, Script, weather_script
 from workers.supervise.stack import policy_env
-
-from conftest import ROOT, run_through_worker, spawn_worker, stop, stub_processes, wait_for, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -26,10 +26,14 @@ import urllib.error
 import urllib.request
 
 import pytest
+from helpers import ROOT
+from helpers.processes import farm_process, stop
+from helpers.redis import make_settings
+from helpers.waiting import async_wait_for, wait_for
 
-from farm.embedded import EmbeddedRedis
+from farm.embedded import EmbeddedRedis, free_port
 
-from conftest import ROOT, async_wait_for, farm_process, free_port, make_settings, stop, wait_for
+pytestmark = pytest.mark.slow
 
 
 def probe(port: int, path: str = "/healthz") -> tuple[int, dict]:

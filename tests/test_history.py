@@ -12,6 +12,8 @@ import random
 
 import pytest
 import redis
+from helpers.redis import consumer_with_tasks, make_settings, run_script
+from helpers.workers import in_process_worker
 
 from farm import history
 from farm.client import FarmClient
@@ -19,8 +21,6 @@ from farm.history import LATENCY_EDGES_S, decode_bucket, latency_bin, merge, qua
 from farm.schema import Rollout, Status, Task, Timings
 from farm.settler import Settler
 from farm.transport import Outage
-
-from conftest import consumer_with_tasks, in_process_worker, make_settings, run_script
 
 
 def rollout(reward=1.0, total_s=0.3, ok=True, tokens=None, run="r") -> Rollout:

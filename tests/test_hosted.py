@@ -15,6 +15,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
+from helpers.processes import stop
+from helpers.workers import worker_env
 
 from farm.client import FarmClient
 from farm.embedded import free_port
@@ -24,7 +27,7 @@ from farm.settings import load_settings
 from workers.loops.agent import AgentContext, policy_agent
 from workers.policy.stub import Script, StubProcess
 
-from conftest import ROOT, stop, worker_env
+pytestmark = pytest.mark.slow
 
 KEY = "sk-test-5ecr3t-do-not-log-0123456789"
 WEATHER = [
@@ -216,6 +219,8 @@ async def test_one_loop_drives_the_token_and_the_openai_backends_alike(tmp_path,
     and out, the real tokenizer) and the openai backend, both against one stub serving the same
     script as token ids and as chat / Responses replies: one loop, so the same tool calls, user
     turns, metrics and reward; only the token fields differ."""
+    from helpers.policies import hermes
+
     from envs.sdk import AgentSettings
     from envs.single_tool_call import SingleToolCall
     from workers.loops.loop import AgentLoop
@@ -223,8 +228,6 @@ async def test_one_loop_drives_the_token_and_the_openai_backends_alike(tmp_path,
     from workers.policy.openai_pool import OpenAIPolicy
     from workers.policy.token_policy import TokenPolicy
     from workers.policy.tokens import PolicyClient
-
-    from conftest import hermes
 
     call, answer = hermes("get_weather", {"city": "Paris"}), "It is sunny in Paris."
     script = Script(

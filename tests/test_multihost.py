@@ -24,12 +24,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers import ROOT
+from helpers.redis import FAST
+from helpers.waiting import wait_for
 from netns import Host, Network, require_netns
 
 from farm.keys import GROUP, Keys
 from farm.schema import decode_task
-
-from conftest import FAST, ROOT, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -7,14 +7,14 @@ import json
 import logging
 
 import redis
+from helpers.redis import make_settings
+from helpers.workers import in_process_worker
 
 from farm.cli import main
 from farm.client import FarmClient
 from farm.deadletters import list_dead, purge, requeue, show_dead
 from farm.keys import GROUP
 from farm.schema import decode_task
-
-from conftest import in_process_worker, make_settings
 
 
 async def _dead_letters(settings, n: int, client: FarmClient) -> list:

@@ -25,7 +25,7 @@ from workers.loops.noop import NoopAgent  # noqa: F401  (keeps the built-in regi
 from workers.policy.chat import ChatTokenizer, parse_tool_calls
 from workers.policy.tokens import PolicyClient, PolicyConfig, PolicyUnavailable, Session
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 async def add(state, a: int, b: int) -> dict:

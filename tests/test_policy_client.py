@@ -11,12 +11,11 @@ import time
 
 import pytest
 from aiohttp import web
+from helpers.policies import stub_processes
 
 from workers.policy.chat import BadToolCall, ToolCall, chat_tools, input_messages, parse_tool_calls
 from workers.policy.stub import Script
 from workers.policy.tokens import PolicyClient, PolicyConfig, PolicyRejected, PolicyUnavailable, Session, retry_after_s
-
-from conftest import stub_processes
 
 SCRIPT = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=2048)
 
@@ -38,6 +37,7 @@ async def serve(handler) -> tuple[str, web.AppRunner]:
     return f"http://127.0.0.1:{runner.addresses[0][1]}", runner
 
 
+@pytest.mark.slow
 async def test_least_outstanding_sticky_sessions_and_health(stubs):
     a, b = stubs(), stubs()
     client = PolicyClient(PolicyConfig(urls=[a.url, b.url], model="m", probe_interval_s=0.05, health_interval_s=0.1))
@@ -63,6 +63,7 @@ async def test_least_outstanding_sticky_sessions_and_health(stubs):
     await client.aclose()
 
 
+@pytest.mark.slow
 async def test_max_model_len_is_looked_up_once_per_replica(stubs):
     stub = stubs()
     client = PolicyClient(PolicyConfig(urls=[stub.url], model="m"))
@@ -72,6 +73,7 @@ async def test_max_model_len_is_looked_up_once_per_replica(stubs):
     assert stub.stats()["GET /v1/models"] == 1
 
 
+@pytest.mark.slow
 async def test_429_with_retry_after_is_honoured(stubs):
     stub = stubs(fault=429, retry_after=1.5)
     client = PolicyClient(PolicyConfig(urls=[stub.url], model="m", retry_budget_s=30))
@@ -88,6 +90,7 @@ async def test_429_with_retry_after_is_honoured(stubs):
     await client.aclose()
 
 
+@pytest.mark.slow
 async def test_cooling_replica_sends_requests_to_the_other(stubs):
     a, b = stubs(fault=429, retry_after=30), stubs()
     client = PolicyClient(PolicyConfig(urls=[a.url, b.url], model="m"))
@@ -99,6 +102,7 @@ async def test_cooling_replica_sends_requests_to_the_other(stubs):
     assert s.replica.url == b.url and s.moves == 1
 
 
+@pytest.mark.slow
 async def test_budget_spent_on_a_dead_server_is_a_policy_failure_with_the_reason(stubs):
     stub = stubs()
     stub.stop()
@@ -112,6 +116,7 @@ async def test_budget_spent_on_a_dead_server_is_a_policy_failure_with_the_reason
     await client.aclose()
 
 
+@pytest.mark.slow
 async def test_unreadable_or_inconsistent_completions_are_rejected():
     bodies = iter(
         [
@@ -133,6 +138,7 @@ async def test_unreadable_or_inconsistent_completions_are_rejected():
     await runner.cleanup()
 
 
+@pytest.mark.slow
 async def test_client_errors_are_not_retried():
     calls = []
 

@@ -18,6 +18,9 @@ import time
 
 import pytest
 import redis
+from helpers import ROOT
+from helpers.processes import stop
+from helpers.workers import spawn_worker, worker_env
 
 from farm.client import FarmClient
 from farm.keys import GROUP
@@ -25,8 +28,6 @@ from workers.policy.stub import StubProcess
 from workers.policy.stub import weather_rows as rows
 from workers.policy.stub import weather_script as script_for
 from workers.supervise.stack import policy_env
-
-from conftest import ROOT, spawn_worker, stop, worker_env
 
 pytestmark = pytest.mark.slow
 AGENT = "single_tool_call"

@@ -14,10 +14,11 @@ import time
 
 import aiohttp
 import pytest
+from helpers.policies import stub_processes
 
 from workers.policy.stub import Script, StubProcess
 
-from conftest import stub_processes
+pytestmark = pytest.mark.slow
 
 A, B = [5, 6, 2], [7, 2]
 SCRIPT = Script(token_replies=[A, B], model="m", max_model_len=2048)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers.policies import ScriptedPolicy
 
 from envs.single_tool_call import SingleToolCall, generate
 from farm.connection import connect
@@ -18,8 +19,6 @@ from farm.schema import Task
 from farm.transport import Outage
 from workers.loops.context import AgentContext
 from workers.loops.loop import AgentLoop
-
-from conftest import ScriptedPolicy
 
 
 class GatedPolicy(ScriptedPolicy):

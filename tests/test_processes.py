@@ -8,12 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.processes import stop
+from helpers.redis import make_settings
+from helpers.waiting import wait_for
+from helpers.workers import run_through_worker, spawn_worker, worker_env
 
 from farm.client import FarmClient
 from farm.embedded import EmbeddedRedis, free_port
 from farm.keys import GROUP
-
-from conftest import ROOT, make_settings, run_through_worker, spawn_worker, stop, wait_for, worker_env
 
 pytestmark = pytest.mark.slow
 

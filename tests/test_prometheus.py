@@ -21,10 +21,13 @@ import urllib.request
 import pytest
 import redis
 import yaml
+from helpers import ROOT
+from helpers.processes import farm_process, need_binary
+from helpers.redis import make_settings
+from helpers.waiting import wait_for
 
 from farm.client import FarmClient
-
-from conftest import ROOT, farm_process, free_port, make_settings, need_binary, wait_for
+from farm.embedded import free_port
 
 MONITORING = ROOT / "deploy" / "monitoring"
 pytestmark = pytest.mark.slow

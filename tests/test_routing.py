@@ -14,6 +14,8 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+from helpers.processes import stop
+from helpers.workers import spawn_worker
 
 from farm.client import FarmClient
 from workers.policy import rotation as rotation_module
@@ -24,8 +26,6 @@ from workers.policy.stub import weather_rows as rows
 from workers.policy.stub import weather_script as script_for
 from workers.policy.tokens import PolicyClient
 from workers.supervise.stack import policy_env
-
-from conftest import spawn_worker, stop
 
 URLS = [f"http://127.0.0.1:{9000 + i}" for i in range(4)]
 
@@ -115,6 +115,7 @@ def test_route_headers_carry_the_group_and_session_keys():
     assert rotation().headers(s) is None
 
 
+@pytest.mark.slow
 async def test_a_home_that_stops_answering_hands_its_group_on_within_two_seconds(tmp_path):
     """A real replica killed under a group: the group's next sample is answered by the other replica
     within 2 s (three refused connections take the home out of rotation), and the samples after it

@@ -71,6 +71,7 @@ def _sandbox_uid(pid: str) -> bool:
     return UID_BASE <= int(line.split()[1]) < UID_BASE + UID_COUNT
 
 
+@pytest.mark.slow
 def test_a_correct_program_passes_and_a_partial_one_gets_its_fraction():
     r = run_program(GOOD, ADD, FAST)
     assert (r.reason, r.passed, r.total, r.tests) == ("ok", 3, 3, [True, True, True])
@@ -81,6 +82,7 @@ def test_a_correct_program_passes_and_a_partial_one_gets_its_fraction():
     assert (r.reason, r.tests) == ("ok", [True, True, False])
 
 
+@pytest.mark.slow
 def test_stdin_stdout_tests_as_nemo_gym_exports_them():
     tests = {"inputs": ["1 2\n", "10 -3\n"], "outputs": ["3\n", "7\n"]}
     r = run_program("a, b = map(int, input().split())\nprint(a + b)\n", tests, FAST)
@@ -88,11 +90,13 @@ def test_stdin_stdout_tests_as_nemo_gym_exports_them():
     assert run_program("print(3)\n", tests, FAST).tests == [True, False]
 
 
+@pytest.mark.slow
 def test_answers_that_only_claim_equality_fail():
     hack = "class Any:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Any()\n"
     assert run_program(hack, ADD, FAST).passed == 0
 
 
+@pytest.mark.slow
 def test_an_infinite_loop_is_killed_at_the_cpu_or_wall_limit():
     t0 = time.monotonic()
     r = run_program("while True:\n    pass\n", ADD, FAST)
@@ -103,6 +107,7 @@ def test_an_infinite_loop_is_killed_at_the_cpu_or_wall_limit():
     assert sandbox_processes() == []
 
 
+@pytest.mark.slow
 def test_a_memory_bomb_fails_safely():
     r = run_program("x = bytearray(8 * 1024**3)\n", ADD, FAST)
     assert r.reason == "memory" and r.passed == 0
@@ -112,6 +117,7 @@ def test_a_memory_bomb_fails_safely():
     assert r.reason == "memory"
 
 
+@pytest.mark.slow
 def test_forks_stop_at_the_process_limit_and_nothing_outlives_the_run():
     counting = (
         "import os, sys, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(60)\n"
@@ -125,6 +131,7 @@ def test_forks_stop_at_the_process_limit_and_nothing_outlives_the_run():
     assert sandbox_processes() == []  # the sleeping children were killed with the run
 
 
+@pytest.mark.slow
 def test_a_fork_bomb_fails_safely():
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     t0 = time.monotonic()
@@ -135,6 +142,7 @@ def test_a_fork_bomb_fails_safely():
     assert run_program(GOOD, ADD, FAST).passed == 3  # the machine still runs programs
 
 
+@pytest.mark.slow
 def test_no_network_not_even_loopback(redis_url):
     host, port = "127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/")[0])
     socket.create_connection((host, port), timeout=2).close()  # reachable from here, so the test means something
@@ -151,6 +159,7 @@ def test_no_network_not_even_loopback(redis_url):
     assert r.reason == "error"  # no DNS either: the program fails to load
 
 
+@pytest.mark.slow
 def test_writes_reach_nothing_on_the_host():
     """/tmp, /var/tmp and /dev/shm are private tmpfs: writable, and gone with the run; the rest is read-only."""
     name = f"sandbox-escape-{uuid.uuid4().hex[:8]}"
@@ -167,6 +176,7 @@ def test_writes_reach_nothing_on_the_host():
     assert not any(os.path.exists(t) for t in private[:3] + host)
 
 
+@pytest.mark.slow
 def test_a_huge_file_hits_the_file_size_limit():
     r = run_program(
         "with open('big', 'wb') as f:\n    f.write(b'x' * (64 * 1024**2))\n", ADD, Limits(wall_s=5, file_mb=1)
@@ -174,6 +184,7 @@ def test_a_huge_file_hits_the_file_size_limit():
     assert r.reason in ("killed", "error") and r.passed == 0
 
 
+@pytest.mark.slow
 def test_syntax_errors_are_the_programs_failure():
     r = run_program("def add(a, b) return a\n", ADD, FAST)
     assert r.reason == "error" and "SyntaxError" in r.detail
@@ -185,6 +196,7 @@ def test_malformed_tests_are_the_machinerys_failure():
 
 
 # ── through rq ─────────────────────────────────────────────────────────────────────────────
+@pytest.mark.slow
 async def test_the_rq_job_travels_as_json_never_pickle(redis_url, queue, sync_redis):
     client = SandboxClient(redis_url, queue, start_workers=1)
     try:
@@ -204,6 +216,7 @@ async def test_the_rq_job_travels_as_json_never_pickle(redis_url, queue, sync_re
         client.close()
 
 
+@pytest.mark.slow
 async def test_runs_in_parallel_through_two_workers(redis_url, queue):
     client = SandboxClient(redis_url, queue, start_workers=2)
     try:
@@ -216,6 +229,7 @@ async def test_runs_in_parallel_through_two_workers(redis_url, queue):
         client.close()
 
 
+@pytest.mark.slow
 async def test_a_worker_dying_mid_job_is_a_sandbox_error_and_it_is_restarted(redis_url, queue, sync_redis):
     client = SandboxClient(redis_url, queue, start_workers=1)
     try:
@@ -235,6 +249,7 @@ async def test_a_worker_dying_mid_job_is_a_sandbox_error_and_it_is_restarted(red
         client.close()
 
 
+@pytest.mark.slow
 async def test_a_cancelled_wait_stops_the_running_program(redis_url, queue, sync_redis):
     """A rollout cancelled while its program runs (farm.cancel cancels the wait): the job is
     stopped and the program killed at once, not left to run out its 20 s wall limit."""
@@ -271,6 +286,7 @@ async def test_no_worker_means_a_sandbox_error_not_a_zero(redis_url, queue):
         await client.run(GOOD, ADD, Limits(wall_s=0.5))
 
 
+@pytest.mark.slow
 def test_the_worker_runs_from_the_command_line(redis_url, queue):
     proc = subprocess.Popen(
         [sys.executable, "-m", "envs.sandbox", "worker", "--queue", queue],
@@ -285,6 +301,7 @@ def test_the_worker_runs_from_the_command_line(redis_url, queue):
         assert proc.wait(timeout=15) == 0
 
 
+@pytest.mark.slow
 def test_without_namespaces_it_refuses_unless_network_is_allowed(monkeypatch):
     """A host without user namespaces (hardened kernels, default Docker seccomp) cannot be made
     here cheaply, so the namespace probe is faked to say no; the refusal and the record are real."""
@@ -297,6 +314,7 @@ def test_without_namespaces_it_refuses_unless_network_is_allowed(monkeypatch):
     assert r.passed == 3 and r.isolation["uid"] and not r.isolation["network"] and not r.isolation["filesystem"]
 
 
+@pytest.mark.slow
 def test_output_past_the_limit_is_an_output_limit_failure():
     tests = {"inputs": ["1\n"], "outputs": ["1"]}
     r = run_program("print('x' * 10**7)\n", tests, Limits(wall_s=5, output_kb=64))
@@ -305,6 +323,7 @@ def test_output_past_the_limit_is_an_output_limit_failure():
     assert r.reason == "output_limit"
 
 
+@pytest.mark.slow
 def test_the_expected_outputs_never_enter_the_sandbox():
     secret = "731946285"
     tests = {"inputs": ["1\n2"], "outputs": [secret], "fn_name": "add"}
@@ -326,6 +345,7 @@ def test_the_expected_outputs_never_enter_the_sandbox():
 
 
 # ── the queue runs the sandbox's job and nothing else ────────────────────────────────────────
+@pytest.mark.slow
 async def test_a_job_naming_any_other_function_is_refused_and_nothing_runs(redis_url, queue, tmp_path):
     import redis
     from rq import Queue
@@ -353,6 +373,7 @@ async def test_a_job_naming_any_other_function_is_refused_and_nothing_runs(redis
         client.close()
 
 
+@pytest.mark.slow
 def test_the_worker_drops_root_and_holds_no_secret_on_its_command_line(redis_url, queue):
     client = SandboxClient(redis_url, queue, start_workers=1)
     try:

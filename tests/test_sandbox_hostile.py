@@ -298,6 +298,7 @@ def test_the_suite_is_large_and_every_trick_is_different():
 
 
 @pytest.mark.parametrize("trick,tests,program", HOSTILE, ids=[t for t, _, _ in HOSTILE])
+@pytest.mark.slow
 def test_hostile_program_scores_nothing(host, trick, tests, program):
     r = run_program(program, tests, LIMITS)
     assert r.passed < r.total, (trick, r.reason, r.tests)  # NeMo Gym's reward (all pass): 0
@@ -311,6 +312,7 @@ def test_redis_on_the_host_saw_no_write(host, sync_redis):
     assert sync_redis.get("forged") is None
 
 
+@pytest.mark.slow
 def test_a_correct_program_still_passes_after_the_suite(host):
     assert run_program("def add(a, b):\n    return a + b\n", ADD, LIMITS).passed == 3
     assert run_program("a, b = map(int, input().split())\nprint(a + b)\n", SUM, LIMITS).passed == 3

@@ -10,6 +10,9 @@ import time
 from collections import Counter
 
 import pytest
+from helpers.redis import consumer_with_tasks, run_script
+from helpers.waiting import async_wait_for
+from helpers.workers import in_process_worker as worker
 
 from farm import schema
 from farm.client import FarmClient
@@ -20,9 +23,6 @@ from farm.scripts import NOT_PENDING, SETTLED
 from farm.settler import Settler
 from farm.streams import AgentStream
 from farm.transport import Outage
-
-from conftest import async_wait_for, consumer_with_tasks, run_script
-from conftest import in_process_worker as worker
 
 
 async def test_a_task_settled_elsewhere_counts_as_a_duplicate_not_as_done(settings):

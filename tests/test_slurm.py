@@ -28,8 +28,11 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers import ROOT
+from helpers.redis import make_settings
+from helpers.waiting import wait_for
 
-from conftest import ROOT, free_port, make_settings, wait_for
+from farm.embedded import free_port
 
 pytestmark = pytest.mark.slow
 

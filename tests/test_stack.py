@@ -10,15 +10,18 @@ import socket
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.processes import processes_of
+from helpers.redis import FAST
+from helpers.waiting import wait_for
 
 from farm import state
 from farm.client import FarmClient
 from farm.connection import connect_sync
+from farm.embedded import free_port
 from farm.errors import FarmError
 from farm.settings import load_settings
 from workers.supervise.stack import LocalStack, Pool, policy_env
-
-from conftest import FAST, ROOT, free_port, processes_of, wait_for
 
 CHILD_ENV = {f"FARM_{k.upper()}": str(v) for k, v in FAST.items()} | {"PYTHONPATH": str(ROOT)}
 
@@ -38,6 +41,7 @@ def _embedded_settings(tmp_path: Path, namespace: str):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_local_stack_starts_a_noop_farm_and_stops_all_of_it(tmp_path, namespace):
     settings, port = _embedded_settings(tmp_path, namespace)
     with LocalStack(settings, [Pool("noop", processes=2, concurrency=8)], env=CHILD_ENV, cwd=ROOT) as stack:
@@ -69,6 +73,7 @@ def test_local_stack_starts_a_noop_farm_and_stops_all_of_it(tmp_path, namespace)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_pool_that_cannot_start_is_named_and_the_rest_is_stopped(tmp_path, namespace):
     settings, port = _embedded_settings(tmp_path, namespace)
     pools = [Pool("noop"), Pool("no_such_agent")]

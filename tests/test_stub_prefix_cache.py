@@ -13,10 +13,11 @@ import time
 import urllib.request
 
 import pytest
+from helpers.policies import stub_processes
 
 from workers.policy.stub import BLOCK, Script, StubProcess
 
-from conftest import stub_processes
+pytestmark = pytest.mark.slow
 
 SCRIPT = Script(token_replies=[[5, 6, 2]], model="m", max_model_len=8192)
 

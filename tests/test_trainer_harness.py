@@ -9,10 +9,10 @@ import os
 import time
 
 import pytest
+from helpers.processes import stop
+from helpers.workers import spawn_worker
 
 from farm.schema import unpack_i32
-
-from conftest import spawn_worker, stop
 
 torch = pytest.importorskip("torch")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

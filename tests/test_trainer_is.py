@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from conftest import one_step_config, spawn_worker, stop, tiny_model, trainer_row
+from helpers.data import trainer_row
+from helpers.processes import stop
+from helpers.trainer import one_step_config, tiny_model
+from helpers.workers import spawn_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
@@ -76,6 +78,7 @@ def test_the_correction_is_on_by_default_and_needs_no_trl_vllm(tmp_path):
     assert not grpo_args(off, output_dir=str(tmp_path), use_cpu=True).vllm_importance_sampling_correction
 
 
+@pytest.mark.slow
 def test_is_ratio_from_the_farms_logprobs_is_logged_and_reaches_the_loss(settings, noop_worker, model_dir, tmp_path):
     """TRL's defaults (sequence_mask, cap 3): the sequences' ratios are about exp(-60), not 1."""
     from trainer.grpo import FarmSampler
@@ -87,6 +90,7 @@ def test_is_ratio_from_the_farms_logprobs_is_logged_and_reaches_the_loss(setting
     assert all("importance_sampling_ratio" in keys for keys in loss_inputs)
 
 
+@pytest.mark.slow
 def test_is_mode_and_bounds_pass_through_to_trl(settings, noop_worker, model_dir, tmp_path):
     """token_truncate within [0.5, 2]: every token's ratio (about exp(-10)) is raised to the floor."""
     trl = {
@@ -98,6 +102,7 @@ def test_is_mode_and_bounds_pass_through_to_trl(settings, noop_worker, model_dir
     assert logs[RATIO + "min"] == pytest.approx(0.5) and logs[RATIO + "max"] == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_no_is_ratio_when_the_correction_is_off(settings, noop_worker, model_dir, tmp_path):
     trainer, logs, loss_inputs = train_one_step(
         settings, model_dir, tmp_path, vllm_importance_sampling_correction=False
@@ -137,6 +142,7 @@ def own_logprobs(model, prompt: list[int], completion: list[int], temperature: f
     return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
+@pytest.mark.slow
 def test_is_ratio_is_one_when_the_sampler_is_the_learner(settings, noop_worker, model_dir, tmp_path):
     _, logs, _ = train_one_step(settings, model_dir, tmp_path, rollout_func=LearnerLogprobs)
     assert logs[LOGP_DIFF + "max"] < 1e-4

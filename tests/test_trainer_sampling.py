@@ -16,14 +16,17 @@ import time
 
 import pytest
 import redis
+from helpers.data import trainer_row
+from helpers.processes import stop
+from helpers.trainer import CharTokenizer, one_step_config, tiny_model
+from helpers.waiting import wait_for
+from helpers.workers import spawn_worker
 
 from farm import schema
 from farm.errors import ErrorKind
 from farm.schema import Rollout, Status, Task, TokenTrace
 from farm.state import live_workers
 from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups
-
-from conftest import CharTokenizer, one_step_config, spawn_worker, stop, tiny_model, trainer_row, wait_for
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -207,6 +210,7 @@ def results_on_stream(settings, run_id: str) -> list[Rollout]:
         r.close()
 
 
+@pytest.mark.slow
 def test_oversampled_step_takes_the_fast_groups_and_cancels_the_slow_ones(settings, noop_worker):
     """TRL's two prompts are slow (5 s a rollout); over-sampled x2, the two fast spare groups win.
     The slow groups are cancelled at once: their `cancelled` rollouts reach the result stream and
@@ -262,6 +266,7 @@ def test_oversampled_step_takes_the_fast_groups_and_cancels_the_slow_ones(settin
         rollout.close()
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_refills_zero_variance_groups_within_the_bound(settings, noop_worker):
     """Every noop group is zero-variance (one reward per row): the step refills max_refills times
     in a chain, then hands TRL a zero-variance group rather than nothing."""
@@ -289,6 +294,7 @@ def test_dynamic_sampling_refills_zero_variance_groups_within_the_bound(settings
     assert out["env_reward"] == [1.0, 1.0] and out["farm_prompt"] == [json.dumps(given)] * 2  # TRL's own, first
 
 
+@pytest.mark.slow
 def test_eval_steps_take_trl_prompts_as_they_are(settings, noop_worker):
     """A trainer in eval mode gets no oversampling: nothing beyond its prompts is submitted."""
     from types import SimpleNamespace
@@ -317,6 +323,7 @@ def test_eval_steps_take_trl_prompts_as_they_are(settings, noop_worker):
     assert m["farm/groups/submitted"] == 1 and m["farm/groups/cancelled"] == 0
 
 
+@pytest.mark.slow
 def test_async_worker_cancels_its_in_flight_tasks_when_stopped(settings, noop_worker):
     """oversample 1.5 on 2 groups keeps 3 in flight; stop() cancels all 6 tasks, mid-rollout."""
     from trainer.async_adapter import FarmRolloutWorker
@@ -345,6 +352,7 @@ def test_async_worker_cancels_its_in_flight_tasks_when_stopped(settings, noop_wo
     assert {r.status for r in got} == {Status.cancelled} and worker.rollout_buffer.empty()
 
 
+@pytest.mark.slow
 def test_async_worker_cancels_a_stale_groups_remaining_tasks_at_once(settings):
     """One slot on the worker: the group's two 1.5 s rollouts run one after the other. The first
     comes back 3 versions behind (max_staleness 1): the second is cancelled then, not waited for,
@@ -378,6 +386,7 @@ def test_async_worker_cancels_a_stale_groups_remaining_tasks_at_once(settings):
     assert all(s.model_version == 3 for s in samples)
 
 
+@pytest.mark.slow
 def test_one_grpo_step_trains_on_the_groups_that_won(settings, noop_worker, model_dir, tmp_path):
     """A real TRL step (a tiny random Llama, one step): TRL's two prompts are slow, the two spare
     groups that win carry rewards 3 and 5 (zero-variance each, so advantages 0; the step still

@@ -14,14 +14,14 @@ import os
 
 import msgspec
 import pytest
+from helpers.data import trainer_row
+from helpers.trainer import CharTokenizer
 
 from farm import schema
 from farm.client import FarmClient
 from farm.errors import MalformedEntry
 from farm.schema import Rollout, Sampling, Status, Task, TokenTrace
 from trainer.sampling import CLEAN, FAILED, GroupSelection
-
-from conftest import CharTokenizer, trainer_row
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

@@ -9,6 +9,9 @@ import time
 
 import msgspec
 import pytest
+from helpers.redis import consumer_with_tasks, make_settings, run_script
+from helpers.waiting import async_wait_for
+from helpers.workers import in_process_worker as worker
 
 from farm import schema
 from farm.client import FarmClient
@@ -19,9 +22,6 @@ from farm.streams import AgentStream
 from farm.transport import Outage
 from workers.delivery.runtime import Worker
 from workers.loops.noop import NoopAgent
-
-from conftest import async_wait_for, consumer_with_tasks, make_settings, run_script
-from conftest import in_process_worker as worker
 
 
 def rows(n, **noop):
@@ -261,6 +261,7 @@ async def test_retry_waits_in_the_delayed_set_and_comes_back(settings, sync_redi
     await r.aclose()
 
 
+@pytest.mark.slow
 async def test_password_protected_redis(tmp_path):
     from farm.embedded import EmbeddedRedis
 

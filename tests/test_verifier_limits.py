@@ -27,6 +27,8 @@ from farm.errors import RolloutFailure
 from farm.schema import ErrorKind
 from workers.loops.env_calls import verify as verify_rollout
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = 0.05  # CPU seconds: well above a warm exact comparison, well below the slow ones here
 

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 PROBE = """
 import asyncio, gc, json, sys
 from workers.delivery.chores import run_loop

@@ -1,0 +1,52 @@
+"""Stand-ins for the model: a scripted policy in this process (SmolLM2 rarely calls tools right),
+the tool call as the model writes it, and policy stub processes (workers/policy/stub)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+
+class ScriptedPolicy:
+    """Stands in for vLLM (SmolLM2 rarely calls tools correctly): answers each turn with the next
+    scripted text, its token ids exact, so the real agent loop and tokenizer run as with a model."""
+
+    def __init__(self, tokenizer, turns: list[str]):
+        self.tok, self.turns = tokenizer, list(turns)
+
+    async def max_model_len(self, session):
+        return None
+
+    async def complete(self, prompt_ids, sampling, session):
+        from workers.policy.tokens import Completion
+
+        ids = self.tok.encode(self.turns.pop(0)) + [self.tok.eos_id]
+        return Completion(ids, [-0.1] * len(ids), "", "stop", "scripted", 0.0)
+
+    async def aclose(self):
+        return None
+
+
+def hermes(name: str, arguments: dict | None = None) -> str:
+    """A tool call as SmolLM2's (Hermes-style) chat template has the model write it."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments or {}})}</tool_call>"
+
+
+@contextlib.contextmanager
+def stub_processes(script, workdir, **defaults):
+    """A function starting policy stubs (workers/policy/stub) of `script`; all stopped at the end.
+    They are processes: a test that uses this is `slow`."""
+    from workers.policy.stub import StubProcess
+
+    started: list = []
+
+    def start(**kw):
+        stub = StubProcess(script, workdir=workdir, **{**defaults, **kw}).start()
+        started.append(stub)
+        return stub
+
+    try:
+        yield start
+    finally:
+        for stub in started:
+            stub.stop()

@@ -1,0 +1,77 @@
+"""Processes the tests start, find and stop, and the system binaries some of them need.
+
+Every test that uses these starts a process, so it carries the `slow` marker (see `markers`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20.0) -> str:
+    """Signal a process (SIGTERM: a worker's graceful drain) and wait for it to exit; its output.
+
+    One that has not exited after `timeout` seconds is killed and the test fails, so no test
+    leaves a process behind.
+    """
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"{proc.args} did not exit within {timeout}s of signal {sig}; killed:\n{out}")
+    return out
+
+
+def stop_all(procs, timeout: float = 30.0) -> None:
+    """SIGTERM every process, then wait for each."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout)
+
+
+def farm_process(args: list[str], redis_url: str, namespace: str, log: Path, **env: str) -> subprocess.Popen:
+    """`python -m farm ARGS` against this test's Redis and namespace, logging to `log`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    full = {**base, "FARM_REDIS_URL": redis_url, "FARM_NAMESPACE": namespace, "PYTHONPATH": str(ROOT), **env}
+    out = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "farm", *args], cwd=ROOT, env=full, stdout=out, stderr=out)
+
+
+def processes_of(namespace: str) -> list[int]:
+    """Every process started with FARM_NAMESPACE=namespace (the pool supervisors and their workers)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if f"FARM_NAMESPACE={namespace}".encode() in environ.split(b"\0"):
+                out.append(int(pid))
+    return out
+
+
+def need_binary(name: str, package: str) -> str:
+    """The path of a system binary the test needs; scripts/test installs it (apt) where it can.
+    Missing: a skip that says why, except under CI=true, where it is a failure."""
+    path = shutil.which(name)
+    if path:
+        return path
+    reason = f"{name} is not installed (Debian package {package}; scripts/test installs it when run as root)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    print(f"SKIP: {reason}")
+    pytest.skip(reason)
