@@ -11,13 +11,17 @@ own, as `farm/multi_segment_masked`, not in `farm/failed` (trainer/rollout.py).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
+from farm.errors import ConfigError
 from farm.schema import Rollout, Task
-from trainer.sampling import Group
+from trainer.sampling import Group, one_sample, usable
+
+log = logging.getLogger("farm.trainer")
 
 MULTI_SEGMENT = "multi_segment"  # the status of a masked sample whose rollout has `segments`
 
@@ -121,3 +125,60 @@ def summary(m: dict[str, float]) -> str:
             )
         parts.append(groups)
     return "; ".join(parts)
+
+
+def sample_of(task: Task, rollout: Rollout, tokenizer: Any) -> Sample:
+    """One rollout as TRL's sample: its token trace, or a masked placeholder (reward None) for a failed
+    rollout, one with more token segments than TRL takes, or one with nothing to learn from."""
+    agent = task.agent_ref.name
+    trace = rollout.trace
+    if rollout.ok and (not rollout.trainable or trace is None):
+        raise ConfigError(
+            f"agent {agent!r} sent a rollout without token ids (task {task.task_id}): rollouts "
+            "from policy_kind chat/responses carry no token ids; train with policy_kind tokens "
+            "against vLLM"
+        )
+    if one_sample(rollout) and trace is not None and rollout.reward is not None:
+        return Sample(
+            list(trace.prompt()),
+            list(trace.completion()),
+            list(trace.completion_logprobs()),
+            trace.mask(),
+            float(rollout.reward),
+            rollout.status.value,
+            agent,
+            rollout.policy_version,
+        )
+    multi = usable(rollout)  # usable, yet not one sample: more token segments than TRL takes
+    if rollout.ok and not multi:  # answered, but nothing to learn from: no tokens or no reward
+        log.warning(
+            "rollout %s (%s) is ok but has %s; masked",
+            task.task_id,
+            agent,
+            "no reward" if rollout.reward is None else "no sampled tokens",
+        )
+    eos = tokenizer.eos_token_id
+    prompt = list(trace.prompt()) if trace is not None and trace.prompt_ids else placeholder_prompt(task.row, tokenizer)
+    # One placeholder token, masked: TRL needs a non-empty completion; the loss never sees it.
+    return Sample(
+        prompt,
+        [eos],
+        [0.0],
+        [0],
+        None,
+        MULTI_SEGMENT if multi else rollout.error.kind if rollout.error else "empty_completion",
+        agent,
+        rollout.policy_version,
+    )
+
+
+def placeholder_prompt(row: dict, tokenizer: Any) -> list[int]:
+    params = row.get("responses_create_params") or {}
+    items = params.get("input") if isinstance(params, dict) else None
+    text = (
+        items
+        if isinstance(items, str)
+        else " ".join(str(m.get("content", "")) for m in items or [] if isinstance(m, dict))
+    )
+    ids = tokenizer(text or " ", add_special_tokens=False)["input_ids"][:64]
+    return ids or [tokenizer.eos_token_id]

@@ -41,39 +41,29 @@ returned as they come.
 A rollout whose tokens come in several segments (`Rollout.segments`: a harness that edited its
 history, workers/gateway) would be several samples, and TRL gives this path one sample per
 prompt: it is masked as a failure is (reward None, never 0) and counted as
-`farm/multi_segment_masked`, not as a failure. Single-segment rollouts train as before; the async
-adapter (trainer/async_adapter.py) trains segments as samples sharing the rollout's reward.
-
-The farm client is asyncio; TRL is not. The client lives on one event loop in a daemon
-thread for the life of the trainer, so its Redis connection and result reader persist from
-step to step.
+`farm/multi_segment_masked` (trainer/batch.py's sample_of); the async adapter
+(trainer/async_adapter.py) trains segments as samples sharing the rollout's reward. The asyncio
+client runs on trainer/loop_thread.py's loop, so its connection persists from step to step.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 import uuid
 from typing import Any, AsyncGenerator, Callable, Optional, cast
 
 from farm.client import FarmClient
-from farm.errors import EXIT_UNKNOWN_AGENT, ConfigError, FarmError, TransportError
+from farm.errors import EXIT_UNKNOWN_AGENT, FarmError, TransportError
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
-from trainer.batch import MULTI_SEGMENT, Batch, Sample, batch_metrics, summary
-from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups, one_sample, usable
+from trainer.batch import Batch, Sample, batch_metrics, sample_of, summary
+from trainer.loop_thread import LoopThread
+from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups
 
-__all__ = [
-    "FarmRollout",
-    "NoLiveWorker",
-    "UnusableBatches",
-    "env_reward",
-    "parse_row",
-]
+__all__ = ["FarmRollout", "NoLiveWorker", "UnusableBatches", "env_reward", "parse_row"]
 
 log = logging.getLogger("farm.trainer")
 
@@ -86,42 +76,6 @@ class NoLiveWorker(FarmError):
     """An agent the data names has no live worker: its tasks would wait for nothing."""
 
     exit_code = EXIT_UNKNOWN_AGENT
-
-
-class _LoopThread:
-    """One asyncio loop in a daemon thread; `run(coro)` blocks until the coroutine finishes.
-
-    Interrupted while it waits (Ctrl-C, SIGTERM: an exception raised in the calling thread), `run`
-    cancels the coroutine and lets it finish its cleanup (closing its result stream) before the
-    exception goes on, so the client is free for the run's cancel and nothing is left pending.
-    """
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="farm-rollout-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro, cleanup_s: float = 10.0) -> Any:
-        ended = threading.Event()
-
-        async def watched():
-            try:
-                return await coro
-            finally:
-                ended.set()
-
-        future = asyncio.run_coroutine_threadsafe(watched(), self.loop)
-        try:
-            return future.result()
-        except BaseException:
-            if not future.done():
-                future.cancel()  # cancels the coroutine in the loop's thread
-                ended.wait(cleanup_s)
-            raise
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
 
 
 def parse_row(prompt: Any) -> dict:
@@ -198,7 +152,7 @@ class FarmRollout:
         self.batches: list[Batch] = []
         self.keep_batches = keep_batches
         self._calls = 0
-        self._loop = _LoopThread()
+        self._loop = LoopThread()
         factory = client_factory or FarmClient
         self.client: FarmClient = self._loop.run(self._make(factory))
         self.__name__ = "farm_rollout"
@@ -422,57 +376,7 @@ class FarmRollout:
         return open_ids, set(report.open), now
 
     def sample(self, task: Task, rollout: Rollout) -> Sample:
-        agent = task.agent_ref.name
-        trace = rollout.trace
-        if rollout.ok and (not rollout.trainable or trace is None):
-            raise ConfigError(
-                f"agent {agent!r} sent a rollout without token ids (task {task.task_id}): rollouts "
-                "from policy_kind chat/responses carry no token ids; train with policy_kind tokens "
-                "against vLLM"
-            )
-        if one_sample(rollout) and trace is not None and rollout.reward is not None:
-            return Sample(
-                list(trace.prompt()),
-                list(trace.completion()),
-                list(trace.completion_logprobs()),
-                trace.mask(),
-                float(rollout.reward),
-                rollout.status.value,
-                agent,
-                rollout.policy_version,
-            )
-        multi = usable(rollout)  # usable, yet not one sample: more token segments than TRL takes
-        if rollout.ok and not multi:  # answered, but nothing to learn from: no tokens or no reward
-            log.warning(
-                "rollout %s (%s) is ok but has %s; masked",
-                task.task_id,
-                agent,
-                "no reward" if rollout.reward is None else "no sampled tokens",
-            )
-        eos = self.tokenizer.eos_token_id
-        prompt = list(trace.prompt()) if trace is not None and trace.prompt_ids else self._placeholder_prompt(task.row)
-        # One placeholder token, masked: TRL needs a non-empty completion; the loss never sees it.
-        return Sample(
-            prompt,
-            [eos],
-            [0.0],
-            [0],
-            None,
-            MULTI_SEGMENT if multi else rollout.error.kind if rollout.error else "empty_completion",
-            agent,
-            rollout.policy_version,
-        )
-
-    def _placeholder_prompt(self, row: dict) -> list[int]:
-        params = row.get("responses_create_params") or {}
-        items = params.get("input") if isinstance(params, dict) else None
-        text = (
-            items
-            if isinstance(items, str)
-            else " ".join(str(m.get("content", "")) for m in items or [] if isinstance(m, dict))
-        )
-        ids = self.tokenizer(text or " ", add_special_tokens=False)["input_ids"][:64]
-        return ids or [self.tokenizer.eos_token_id]
+        return sample_of(task, rollout, self.tokenizer)
 
     def cancel_run(self) -> str:
         """Cancel every task of this run still queued or running (an interrupted run); one line saying what."""

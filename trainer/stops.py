@@ -7,7 +7,7 @@ worker; during training it said nothing about where the run stopped.
 
 `StopSignals` (installed by trainer.train.run_train for the whole run) turns either signal into
 `StopRun`, a BaseException, so no `except Exception` in TRL or the farm swallows it. The rollout
-function's wait cancels its coroutine when interrupted (trainer.rollout._LoopThread), then the
+function's wait cancels its coroutine when interrupted (trainer.loop_thread.LoopThread), then the
 run cancels its outstanding tasks (`cancel_run`) and ends with `Interrupted`: one line
 ("interrupted at step N of M; last weights at DIR, policy version K") and exit 130 (SIGINT) or
 143 (SIGTERM), no traceback.
