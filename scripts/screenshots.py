@@ -1,4 +1,4 @@
-"""Screenshots of every dashboard page at 1,400 and 1,024 px, into docs/dashboard/ (the README shows them).
+"""Screenshots of every dashboard page at 1,400 and 1,024 px, into docs/dashboard/ (docs/dashboard.md shows them).
 
 A small farm is run for them: Redis (the one at --redis-url, or an embedded one), two noop
 worker processes, a training run (groups of 4, rewards that grow with the policy version), an

@@ -4,7 +4,7 @@ Playwright with executable_path), against a farm with work in flight.
 It checks the agents and numbers the overview shows and that they refresh, opens a sampled
 rollout, shows that a rollout holding HTML renders as text, and requeues a dead letter with
 the token after being refused without it. FARM_UPDATE_SCREENSHOT=1 also writes the
-overview's screenshot to docs/dashboard.png (the one the README shows).
+overview's screenshot to docs/dashboard.png (the one docs/dashboard.md shows).
 """
 
 from __future__ import annotations

@@ -111,3 +111,32 @@ def test_a_broken_link_fails_the_build(tmp_path):
     done = build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-page.md" in done.stderr
+
+
+# -- the README: a front page ---------------------------------------------------------------------
+README = ROOT / "README.md"
+
+
+def test_the_readme_is_a_front_page_whose_links_all_resolve():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250, "the README is a front page: its detail belongs in docs/"
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    local = [link.split("#")[0] for link in links if not re.match(r"[a-z]+://", link)]
+    assert local and not [link for link in local if not (ROOT / link).exists()]
+    assert not re.search(r"\b(RUN_FIRST|RUN_WARM|FAST_TIME)\b", text), "a figure was left unmeasured"
+
+
+async def test_the_readmes_environment_runs_as_printed():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    source = next(b for b in blocks if "class Pantry(Environment)" in b)
+    namespace: dict = {}
+    exec(compile(source, "README.md", "exec"), namespace)
+    env = namespace["Pantry"]()
+    row = env.check_row({"responses_create_params": {"input": "Add 2 rice."}, "expected": {"rice": 2}})
+    state = env.new_state(row)
+    assert (await namespace["TOOLS"]["add_item"](state, {"item": "rice", "count": 2})) == {"item": "rice", "stock": 2}
+    transcript = namespace["Transcript"](final_text="done", output=[], tool_calls=[])
+    assert (await env.verify(row, state, transcript)).reward == 1.0
+    assert (await env.verify(row, {}, transcript)).reward == 0.0
+    for block in blocks:  # the other snippets at least compile
+        compile(block, "README.md", "exec")

@@ -13,7 +13,7 @@ every program is hostile:
                 else, as an unprivileged uid, on a Redis of its own by default.
 
 What is and is not isolated is recorded on every result (`SandboxResult.isolation`) and
-described in the README.
+described in docs/environments.md.
 """
 
 from envs.sandbox.isolation import UID_BASE, UID_COUNT
