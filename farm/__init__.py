@@ -15,9 +15,10 @@ exits with; `ConfigError` (bad settings or input), `TransportError` (Redis: `Red
 `NotFound`, and `RolloutFailure` (an agent gives up on one rollout, with an `ErrorKind`).
 """
 
-from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from farm.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
     from farm.client import FarmClient
@@ -89,14 +90,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'farm' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

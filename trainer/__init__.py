@@ -26,8 +26,9 @@ are imported on first use, so `import trainer` loads neither torch nor TRL.
 Nothing here is imported by workers: torch and TRL stay in the trainer's process.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from farm.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
     from trainer.async_adapter import FarmRolloutWorker
@@ -64,14 +65,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
