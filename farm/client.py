@@ -12,7 +12,8 @@ cannot decode (garbage, too deep, too large, another version) into a dead letter
 still says which task it was. `async for rollout in client.results(tasks, timeout_s=...)`
 yields one rollout per task as they arrive; tasks still missing at the deadline come back as
 `failed` rollouts of kind `deadline`, so a caller never waits forever and never mistakes a
-missing rollout for a zero reward. Every Redis call goes through the client's Outage.
+missing rollout for a zero reward. Every Redis call goes through the client's Outage. What submit
+checks (an agent nothing knows is refused, a cancelled run is said) is farm.submit_checks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from typing import Any, AsyncIterator, Callable, Iterable, Optional
+from typing import Any, AsyncIterator, Callable, Iterable, Optional, Sequence
 
 import redis.asyncio as aioredis
 
@@ -34,6 +35,7 @@ from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings, load_settings
 from farm.state import live_workers_async
 from farm.streams import ensure_group
+from farm.submit_checks import AgentCheck, CancelledRuns, KnownAgents
 from farm.transport import Outage
 
 __all__ = [
@@ -172,6 +174,8 @@ class FarmClient:
         self.chunk = chunk
         self._groups: set[str] = set()
         self._readers: dict[str, ResultReader] = {}
+        self._known = KnownAgents(settings, lambda: self.live_agents())
+        self._cancelled = CancelledRuns(self.keys)
 
     def results_stream(self, run_id: str) -> str:
         return self.keys.results(run_id)
@@ -179,22 +183,33 @@ class FarmClient:
     def task(self, *, run_id: str, agent: str, row: dict, **kw) -> Task:
         return Task.new(run_id=run_id, agent=agent, row=row, reply_to=self.results_stream(run_id), **kw)
 
-    async def submit(self, tasks: Iterable[Task], *, share: float = 1.0, max_in_flight: int = 0) -> list[str]:
+    async def submit(
+        self, tasks: Iterable[Task], *, share: float = 1.0, max_in_flight: int = 0, check_agents: bool = True
+    ) -> list[str]:
         """Queue tasks for their agents in pipelined chunks; returns their task ids. While several runs
         have tasks queued for an agent, its workers' slots are shared between them in proportion to
         their `share`; `max_in_flight` (0: none) caps a run's tasks in flight per agent (farm.fairness).
-        The last submit's share and cap hold for the run."""
+        The last submit's share and cap hold for the run. An agent nothing knows raises UnknownAgent
+        before anything is written (from an iterator: before its chunk), unless `check_agents` is false."""
         share, cap = fairness.check_share(share), fairness.check_cap(max_in_flight)
+        checker = AgentCheck(self._known, self.keys.ns) if check_agents else None
+        if checker is not None and isinstance(tasks, Sequence):
+            await checker.check({t.agent_ref.name for t in tasks})
         ids: list[str] = []
         batch: list[Task] = []
         for task in tasks:
             batch.append(task)
             if len(batch) >= self.chunk:
-                ids += await self._submit_chunk(batch, share, cap)
+                ids += await self._submit_chunk(batch, share, cap, checker)
                 batch = []
         if batch:
-            ids += await self._submit_chunk(batch, share, cap)
+            ids += await self._submit_chunk(batch, share, cap, checker)
         return ids
+
+    async def known_agents(self, *, refresh: bool = False) -> set[str]:
+        """Agents a submit accepts: those defined here (built-in, registered, configured) and those with a
+        live worker. Cached: `refresh` looks the live workers up again."""
+        return await self._known.names(refresh=refresh)
 
     def _entries(self, tasks: list[Task]) -> dict[tuple[str, str], list[bytes]]:
         """The queue items per (agent, run); refuses (before anything is written) a task no worker could settle."""
@@ -217,12 +232,14 @@ class FarmClient:
             self.keys.queue(agent, run)  # checks both names, once per chunk
         return by_queue
 
-    async def _submit_chunk(self, tasks: list[Task], share: float, cap: int) -> list[str]:
+    async def _submit_chunk(self, tasks: list[Task], share: float, cap: int, check: Optional[AgentCheck]) -> list[str]:
         by_queue = self._entries(tasks)
         agents = {t.agent_ref.name for t in tasks}
-
+        if check is not None:
+            await check.check(agents)
         runs = Counter(t.run_id for t in tasks)
         now = time.time()
+        cancelled_at: list[Any] = []
 
         async def add() -> None:
             for agent in agents - self._groups:
@@ -239,10 +256,12 @@ class FarmClient:
                 fairness.enqueue(pipe, self.keys, agent, run, items, share, cap)
             for agent in agents:
                 fairness.wake(pipe, self.keys, agent, GROUP)
-            await pipe.execute()
+            self._cancelled.read(pipe, list(runs))
+            cancelled_at[:] = (await pipe.execute())[-1]
 
         # A lost reply may mean the chunk went in: consumers deduplicate by task_id.
         await self.outage.call(add, "submitting tasks")
+        self._cancelled.warn(runs, cancelled_at, now)
         return [t.task_id for t in tasks]
 
     def reader(self, run_id: str, *, dedupe: bool = True) -> ResultReader:

@@ -16,7 +16,9 @@ import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from farm.errors import RedisUnavailable
 from farm.settings import Settings, read_password
+from farm.transport import redact
 
 
 def _url(settings: Settings) -> str:
@@ -69,3 +71,13 @@ def answers(settings: Settings, timeout_s: float = 1.0) -> bool:
         return True
     finally:
         client.close()
+
+
+def reached(settings: Settings, timeout_s: float = 3.0) -> None:
+    """Raise RedisUnavailable at once, with the `farm redis` hint, when Redis does not answer now: for a
+    command that would otherwise print its start-up lines first and fail on its first Redis call."""
+    if not answers(settings, timeout_s):
+        raise RedisUnavailable(
+            f"Redis at {redact(_url(settings))} unreachable, and it has not answered since this process "
+            "started: is it running, and is redis_url right? (`farm redis` starts one)"
+        )

@@ -15,7 +15,11 @@ the farm's own errors, mapped once here:
 
 Retrying lives in exactly one place, `Outage`: jittered exponential backoff whose bound is
 time (settings.redis_down_max_s, counted from the first failure of the outage and shared by
-every caller in the process), not a count. redis-py's own Retry is switched off in
+every caller in the process), not a count. The bound is for outages: a process whose Redis has
+never answered (refused, unreachable, timed out before its first reply) is pointed at the wrong
+place or started before Redis, and waiting two minutes would only hide that, so it gets
+RedisUnavailable at once, with the `farm redis` hint. A Redis still loading its data answers
+(BusyLoadingError) and is waited for. redis-py's own Retry is switched off in
 farm.connection, so the bound is real: a process whose Redis is gone gives up within
 redis_down_max_s plus one socket timeout at most, and says so at most once a second.
 
@@ -151,6 +155,9 @@ class Outage:
         self.base_s, self.cap_s, self.give_up_s, self.warn_every_s = base_s, cap_s, give_up_s, warn_every_s
         self.failures = 0
         self.since: Optional[float] = None
+        # Whether Redis has answered this process at least once: until it has, a connection
+        # failure is a wrong redis_url or a Redis never started, not an outage to wait out.
+        self.reached = False
         self._last_warning = float("-inf")
         self._held_back = 0
 
@@ -185,6 +192,7 @@ class Outage:
                     raise mapped(exc, self.url) from exc
                 await self.wait(exc, what)
                 continue
+            self.reached = True
             if self.since is not None:
                 self.ok()
             return result
@@ -192,15 +200,24 @@ class Outage:
     async def once(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
         """One attempt, errors mapped: for shutdown steps, which must not wait out an outage."""
         with errors(self.url):
-            return await fn()
+            result = await fn()
+        self.reached = True
+        return result
 
     async def wait(self, exc: BaseException, what: str) -> None:
         """Sleep before the next attempt, or raise RedisUnavailable once the outage has lasted too long."""
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if isinstance(exc, (rx.BusyLoadingError, rx.ReadOnlyError, rx.TryAgainError)):
+            self.reached = True  # Redis answered, it is only not ready yet
+        if not self.reached:
+            raise RedisUnavailable(
+                f"Redis at {self.url} unreachable while {what} ({reason}), and it has not answered since "
+                "this process started: is it running, and is redis_url right? (`farm redis` starts one)"
+            ) from exc
         now = time.monotonic()
         if self.since is None:
             self.since = now
         elapsed = now - self.since
-        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if elapsed >= self.give_up_s:
             raise RedisUnavailable(
                 f"Redis at {self.url} unreachable for {elapsed:.0f}s "

@@ -30,7 +30,8 @@ def submit(settings, agent: str, rows: list[dict], run: str = "web", share: floa
 
     async def go() -> None:
         client = FarmClient(settings)
-        await client.submit([client.task(run_id=run, agent=agent, row=row) for row in rows], share=share)
+        tasks = [client.task(run_id=run, agent=agent, row=row) for row in rows]
+        await client.submit(tasks, share=share, check_agents=False)  # agents such as `idle`: no worker, on purpose
         await client.aclose()
 
     asyncio.run(go())

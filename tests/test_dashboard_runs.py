@@ -88,7 +88,7 @@ async def farm(redis_url, namespace):
     r = redis.Redis.from_url(redis_url)
     async with in_process_worker(settings, concurrency=4) as worker:
         await client.submit(rewarded + failing)
-        await client.submit(evals + waiting, share=3)
+        await client.submit(evals + waiting, share=3, check_agents=False)  # `idle`: no worker, on purpose
         got = await client.collect(rewarded + failing + evals, timeout_s=60)
         await client.submit([slow])
         await async_wait_for(lambda: len(worker.inflight) == 1, timeout=20, what="the slow task to start")

@@ -222,7 +222,7 @@ async def test_the_worker_sets_the_environment_up_first_and_closes_it_when_it_st
     ]
     tasks = [client.task(run_id="sdk", agent="recording", row=r) for r in rows]
     try:
-        await client.submit(tasks)
+        await client.submit(tasks, check_agents=False)  # `recording`'s worker is starting beside this
         got = await client.collect(tasks, timeout_s=60)
     finally:
         worker.request_stop()

@@ -96,12 +96,12 @@ async def produce(settings, n_fast: int):
     client = FarmClient(settings)
     try:
         slow = [client.task(run_id="loop", agent="spinner", row=row(SPIN_S)) for _ in range(2)]
-        await client.submit(slow)
+        await client.submit(slow, check_agents=False)  # `spinner`'s worker is starting beside this
         await asyncio.sleep(0.2)
         fast = []
         for _ in range(n_fast):
             task = client.task(run_id="loop", agent="spinner", row=row())
-            await client.submit([task])
+            await client.submit([task], check_agents=False)
             fast.append(task)
             await asyncio.sleep(FAST_EVERY_S)
         got = await client.collect(slow + fast, timeout_s=30)

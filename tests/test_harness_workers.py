@@ -214,7 +214,7 @@ def test_a_running_harness_rollout_cancelled_ends_cancelled_and_closes_its_model
         async def main():
             client = FarmClient(settings)
             tasks = [client.task(run_id="cancel", agent="weather_sdk", row=r) for r in generate(2, seed=2)]
-            await client.submit(tasks)
+            await client.submit(tasks, check_agents=False)  # its worker process is still starting
             await asyncio.to_thread(
                 wait_for, lambda: stub.stats()["pending"] == 2, timeout=60, what="2 model calls in flight"
             )

@@ -170,7 +170,8 @@ async def test_settling_twice_writes_one_rollout(settings, sync_redis):
 
 async def test_missing_rollouts_become_deadline_failures(settings):
     client = FarmClient(settings)
-    tasks = await submit(client, rows(2), agent="nobody_serves_this")
+    tasks = [client.task(run_id="run1", agent="nobody_serves_this", row=r) for r in rows(2)]
+    await client.submit(tasks, check_agents=False)  # an agent nothing knows, on purpose
     t0 = time.monotonic()
     got = await client.collect(tasks, timeout_s=0.5)
     assert time.monotonic() - t0 < 3

@@ -166,7 +166,12 @@ def collect(
         progress=not no_progress,
         progress_every_s=progress_every,
     )
-    return run_collect(g.settings(), options)["exit_code"]
+    settings = g.settings()
+    if not embedded or settings.redis_url:  # --embedded without a redis_url starts one
+        from farm.connection import reached
+
+        reached(settings)  # a Redis that never answered: one line and exit 3, not a start that waits it out
+    return run_collect(settings, options)["exit_code"]
 
 
 @cli.command(

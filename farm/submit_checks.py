@@ -1,0 +1,104 @@
+"""What `FarmClient.submit` checks before and while it writes: the agent exists, the run is not cancelled.
+
+A task for an agent that nothing knows (no environment or agent registered under that name, none
+configured under `agents:`, no live worker in the namespace) would wait in a queue nobody reads and
+end as `deadline`; `farm collect` refuses it with exit code 5, and so does the client, with
+UnknownAgent, before it writes the chunk (before anything, when it is given a sequence). It refuses
+rather than warns: such a task can only waste the caller's deadline. What is known is cached for
+the client's life (`KnownAgents`): the names defined here once, and the live workers' agents looked
+up at most once per submit call (`AgentCheck`), only when a task names an agent not known yet, so
+thousands of tasks cost no extra round trip.
+
+A task submitted to a cancelled run (within cancel_ttl_s) is answered `cancelled before it started`
+without running; `CancelledRuns` reads the run's cancel in the submit's own pipeline and logs a
+warning once per run, so the caller hears it at submit rather than from every rollout.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import entry_points
+from typing import Any, Awaitable, Callable, Iterable, Optional
+
+from farm.errors import UnknownAgent
+from farm.keys import Keys
+from farm.settings import Settings
+
+__all__ = ["BUILTIN_AGENTS", "AgentCheck", "CancelledRuns", "KnownAgents", "defined_agents"]
+
+log = logging.getLogger("farm.client")
+
+# The built-in agents of workers.loops.agent (the core cannot import it; tests/test_client_checks.py
+# keeps the two in step), and the entry point groups environments and agents register under.
+BUILTIN_AGENTS = frozenset({"noop"})
+ENTRY_POINT_GROUPS = ("farm.envs", "farm.agents")
+
+
+def defined_agents(settings: Settings) -> set[str]:
+    """Agent names defined on this machine: built-in, registered (environments and agents), configured."""
+    names = set(BUILTIN_AGENTS) | set(settings.agents)
+    for group in ENTRY_POINT_GROUPS:
+        names |= {ep.name for ep in entry_points(group=group)}
+    return names
+
+
+class KnownAgents:
+    """A client's cache of the agents a submit accepts: defined here, or seen with a live worker."""
+
+    def __init__(self, settings: Settings, live: Callable[[], Awaitable[set[str]]]):
+        self.settings, self.live = settings, live
+        self._names: Optional[set[str]] = None
+
+    async def names(self, *, refresh: bool = False) -> set[str]:
+        if self._names is None:
+            self._names = defined_agents(self.settings)
+        if refresh:
+            self._names |= await self.live()
+        return set(self._names)
+
+
+class AgentCheck:
+    """One submit call's check: agents not known yet cost one live-worker lookup, once per call."""
+
+    def __init__(self, known: KnownAgents, ns: str):
+        self.known, self.ns = known, ns
+        self.looked_up = False
+
+    async def check(self, agents: set[str]) -> None:
+        known = await self.known.names()
+        if agents <= known:
+            return
+        if not self.looked_up:
+            self.looked_up = True
+            known = await self.known.names(refresh=True)
+        unknown = sorted(agents - known)
+        if unknown:
+            raise UnknownAgent(
+                f"unknown agent(s) {', '.join(map(repr, unknown))}: no environment or agent registered under "
+                f"that name, none configured under agents:, no live worker in namespace {self.ns!r}; known: "
+                f"{', '.join(sorted(known))}. These tasks were not submitted (start its worker first, or "
+                "pass check_agents=False to queue them for one to come)"
+            )
+
+
+class CancelledRuns:
+    """Says once per run, at submit, that tasks submitted to a cancelled run end `cancelled`."""
+
+    def __init__(self, keys: Keys):
+        self.keys = keys
+        self.warned: set[str] = set()
+
+    def read(self, pipe: Any, runs: list[str]) -> None:
+        """Queue the runs' cancel expiries on the submit's pipeline: no round trip of its own."""
+        pipe.zmscore(self.keys.cancel_runs(), runs)
+
+    def warn(self, runs: Iterable[str], expiries: list[Optional[float]], now: float) -> None:
+        for run, expires in zip(runs, expiries):
+            if expires is not None and expires > now and run not in self.warned:
+                self.warned.add(run)
+                log.warning(
+                    "run %s was cancelled: its tasks end `cancelled before it started` without running, for "
+                    "another %.0fs (cancel_ttl_s); submit to another run id",
+                    run,
+                    expires - now,
+                )
