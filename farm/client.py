@@ -174,7 +174,7 @@ class FarmClient:
         self.chunk = chunk
         self._groups: set[str] = set()
         self._readers: dict[str, ResultReader] = {}
-        self._known = KnownAgents(settings, lambda: self.live_agents())
+        self._known, self._warned = KnownAgents(settings, lambda: self.live_agents()), set[str]()
         self._cancelled = CancelledRuns(self.keys)
 
     def results_stream(self, run_id: str) -> str:
@@ -184,15 +184,17 @@ class FarmClient:
         return Task.new(run_id=run_id, agent=agent, row=row, reply_to=self.results_stream(run_id), **kw)
 
     async def submit(
-        self, tasks: Iterable[Task], *, share: float = 1.0, max_in_flight: int = 0, check_agents: bool = True
+        self, tasks: Iterable[Task], *, share: float = 1.0, max_in_flight: int = 0, check_agents: Optional[bool] = None
     ) -> list[str]:
         """Queue tasks for their agents in pipelined chunks; returns their task ids. While several runs
         have tasks queued for an agent, its workers' slots are shared between them in proportion to
         their `share`; `max_in_flight` (0: none) caps a run's tasks in flight per agent (farm.fairness).
-        The last submit's share and cap hold for the run. An agent nothing knows raises UnknownAgent
-        before anything is written (from an iterator: before its chunk), unless `check_agents` is false."""
+        The last submit's share and cap hold for the run. An agent nothing knows is warned about once
+        and queued for a worker to come (the default, None); `check_agents=True` raises UnknownAgent
+        before anything is written (from an iterator: before its chunk); False skips the check."""
         share, cap = fairness.check_share(share), fairness.check_cap(max_in_flight)
-        checker = AgentCheck(self._known, self.keys.ns) if check_agents else None
+        refuse = bool(check_agents)
+        checker = None if check_agents is False else AgentCheck(self._known, self.keys.ns, refuse, self._warned)
         if checker is not None and isinstance(tasks, Sequence):
             await checker.check({t.agent_ref.name for t in tasks})
         ids: list[str] = []

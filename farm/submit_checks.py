@@ -2,9 +2,11 @@
 
 A task for an agent that nothing knows (no environment or agent registered under that name, none
 configured under `agents:`, no live worker in the namespace) would wait in a queue nobody reads and
-end as `deadline`; `farm collect` refuses it with exit code 5, and so does the client, with
-UnknownAgent, before it writes the chunk (before anything, when it is given a sequence). It refuses
-rather than warns: such a task can only waste the caller's deadline. What is known is cached for
+end as `deadline`. By default the client warns once per agent and queues the tasks anyway: a worker
+started a moment before (its first heartbeat not yet in Redis) or one still coming is a normal
+start-up, and refusing it would make start-up order matter. `check_agents=True` refuses instead, as
+`farm collect` does (exit code 5), with UnknownAgent before it writes the chunk (before anything,
+when it is given a sequence); `check_agents=False` skips the check. What is known is cached for
 the client's life (`KnownAgents`): the names defined here once, and the live workers' agents looked
 up at most once per submit call (`AgentCheck`), only when a task names an agent not known yet, so
 thousands of tasks cost no extra round trip.
@@ -60,8 +62,8 @@ class KnownAgents:
 class AgentCheck:
     """One submit call's check: agents not known yet cost one live-worker lookup, once per call."""
 
-    def __init__(self, known: KnownAgents, ns: str):
-        self.known, self.ns = known, ns
+    def __init__(self, known: KnownAgents, ns: str, refuse: bool, warned: set[str]):
+        self.known, self.ns, self.refuse, self.warned = known, ns, refuse, warned
         self.looked_up = False
 
     async def check(self, agents: set[str]) -> None:
@@ -72,12 +74,23 @@ class AgentCheck:
             self.looked_up = True
             known = await self.known.names(refresh=True)
         unknown = sorted(agents - known)
+        if unknown and not self.refuse:
+            for agent in unknown:
+                if agent not in self.warned:
+                    self.warned.add(agent)
+                    log.warning(
+                        "agent %r: no environment or agent registered under that name, none configured, no live "
+                        "worker in namespace %r yet; its tasks wait for a worker (or end as `deadline`)",
+                        agent,
+                        self.ns,
+                    )
+            return
         if unknown:
             raise UnknownAgent(
                 f"unknown agent(s) {', '.join(map(repr, unknown))}: no environment or agent registered under "
                 f"that name, none configured under agents:, no live worker in namespace {self.ns!r}; known: "
                 f"{', '.join(sorted(known))}. These tasks were not submitted (start its worker first, or "
-                "pass check_agents=False to queue them for one to come)"
+                "leave check_agents at its default to queue them for one to come)"
             )
 
 

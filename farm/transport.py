@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from contextlib import contextmanager
@@ -157,7 +158,7 @@ class Outage:
         self.since: Optional[float] = None
         # Whether Redis has answered this process at least once: until it has, a connection
         # failure is a wrong redis_url or a Redis never started, not an outage to wait out.
-        self.reached = False
+        self.reached = os.environ.get("FARM_REDIS_REACHED") == "1"  # set by a pool for a restarted child
         self._last_warning = float("-inf")
         self._held_back = 0
 

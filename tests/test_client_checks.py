@@ -47,10 +47,10 @@ async def test_an_unknown_agent_is_refused_before_anything_is_written(settings, 
         tasks = [client.task(run_id="r", agent="noop", row={}) for _ in range(3)]
         tasks.append(client.task(run_id="r", agent="nobody_serves_this", row={}))
         with pytest.raises(UnknownAgent) as caught:
-            await client.submit(tasks)
+            await client.submit(tasks, check_agents=True)
     message = str(caught.value)
     assert caught.value.exit_code == EXIT_UNKNOWN_AGENT == 5
-    assert "'nobody_serves_this'" in message and "noop" in message and "check_agents=False" in message
+    assert "'nobody_serves_this'" in message and "noop" in message and "check_agents" in message
     assert farm_keys(sync_redis, settings) == before, "nothing written, not even the three good tasks"
 
 
@@ -89,8 +89,20 @@ async def test_an_unknown_agent_in_a_later_chunk_of_an_iterator_stops_there(sett
         good = [client.task(run_id="it", agent="noop", row={}) for _ in range(10)]
         bad = client.task(run_id="it", agent="no_such_agent", row={})
         with pytest.raises(UnknownAgent, match="no_such_agent"):
-            await client.submit(iter(good + [bad]))
+            await client.submit(iter(good + [bad]), check_agents=True)
     assert sync_redis.zcard(settings.keys.open_tasks()) == 10
+
+
+async def test_by_default_an_unknown_agent_is_warned_about_once_and_queued(settings, caplog):
+    """A worker started a moment ago (no heartbeat yet) is a normal start-up: the default queues its
+    tasks and says once per agent that nothing knows it yet."""
+    async with FarmClient(settings) as client:
+        for _ in range(2):
+            tasks = [client.task(run_id="soon", agent="starting_up", row={}) for _ in range(3)]
+            with caplog.at_level(logging.WARNING, logger="farm.client"):
+                assert await client.submit(tasks) == [t.task_id for t in tasks]
+    said = [r.getMessage() for r in caplog.records if "starting_up" in r.getMessage()]
+    assert len(said) == 1 and "wait for a worker" in said[0], said
 
 
 async def test_check_agents_false_queues_for_a_worker_to_come(settings, sync_redis):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from helpers.processes import stop
+from helpers.trainer import one_step_config
 from helpers.workers import spawn_worker
 
 from farm.schema import unpack_i32
@@ -22,7 +23,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 def test_grpo_trains_on_a_batch_of_harness_and_native_rollouts(settings, vllm, model_dir, tmp_path):
     from envs import single_tool_call
-    from trainer.config import TrainConfig
     from trainer.rollout import env_reward
     from trainer.train import build_trainer
 
@@ -42,21 +42,16 @@ def test_grpo_trains_on_a_batch_of_harness_and_native_rollouts(settings, vllm, m
         row = single_tool_call.generate(1, seed=10 + i)[0]
         row["agent_ref"] = {"type": "responses_api_agents", "name": agent}
         rows.append(row)
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = TrainConfig(
-        model_name=str(model_dir),
-        dataset_path=str(data),
-        output_dir=str(tmp_path / "out"),
+    cfg = one_step_config(
+        tmp_path,
+        model_dir,
+        rows,
         max_steps=2,
-        num_generations=2,
         per_device_train_batch_size=6,
         learning_rate=1e-4,
         max_completion_length=48,
         temperature=1.0,
         rollout_timeout_s=150,
-        save_steps=1000,
-        torch_threads=1,
     )
 
     def even_tokens(completions, completion_ids, env_reward, **_):

@@ -52,9 +52,12 @@ class RestartWindow:
         return backoff_delay(self.base_s, self.cap_s, n)
 
 
-def _slot_env(env: Optional[dict[str, str]], slot: int) -> dict[str, str]:
-    """The child's environment, with FARM_WORKER_SLOT (0..P-1): e.g. its metrics port is the base + slot."""
-    return {**(os.environ if env is None else env), "FARM_WORKER_SLOT": str(slot)}
+def _slot_env(env: Optional[dict[str, str]], slot: int, restart: bool = False) -> dict[str, str]:
+    """The child's environment, with FARM_WORKER_SLOT (0..P-1): e.g. its metrics port is the base + slot.
+    A restarted child gets FARM_REDIS_REACHED=1: the pool was running, so a Redis that does not answer
+    it is an outage to wait out (redis_down_max_s), not a Redis that was never there (farm.transport)."""
+    extra = {"FARM_REDIS_REACHED": "1"} if restart else {}
+    return {**(os.environ if env is None else env), "FARM_WORKER_SLOT": str(slot), **extra}
 
 
 def run_pool(
@@ -112,7 +115,7 @@ def run_pool(
         for slot, at in list(due.items()):
             if now >= at and not stopping:
                 del due[slot]
-                children[slot] = subprocess.Popen(cmd, env=_slot_env(env, slot))
+                children[slot] = subprocess.Popen(cmd, env=_slot_env(env, slot, restart=True))
         for slot, c in children.items():
             code = None if c is None else c.poll()
             if code is None:
@@ -133,7 +136,10 @@ def run_pool(
                 continue
             if code == EXIT_TRANSPORT and not (redis_ok is not None and redis_ok()):
                 codes.append(code)
-                stop_all(f"worker pid {c.pid} exited with {code}: Redis unavailable past redis_down_max_s", code)
+                stop_all(
+                    f"worker pid {c.pid} exited with {code}: Redis unreachable (never, or past redis_down_max_s)",
+                    code,
+                )
                 kill_at = now + 1.0  # its tasks stay pending in Redis and are reclaimed once it is back
                 continue
             delay = window.allow(now)
