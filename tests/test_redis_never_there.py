@@ -123,6 +123,29 @@ async def test_an_outage_after_the_first_answer_is_retried_within_its_bound():
     assert 0.4 < time.monotonic() - t0 < 3 and calls > 3
 
 
+async def test_a_pools_restarted_child_waits_out_an_outage_it_never_saw_begin(monkeypatch):
+    """A pool restarts a crashed child with FARM_REDIS_REACHED=1: the pool was running, so a Redis
+    that does not answer that child is an outage (retried within the bound), not a Redis that was
+    never there; a first child, started without it, is told at once."""
+    from workers.supervise.pool import _slot_env
+
+    assert _slot_env({}, 1, restart=True)["FARM_REDIS_REACHED"] == "1"
+    assert "FARM_REDIS_REACHED" not in _slot_env({}, 0)
+
+    async def refused() -> str:
+        raise rx.ConnectionError("Connection refused")
+
+    monkeypatch.setenv("FARM_REDIS_REACHED", "1")
+    outage = Outage("redis://127.0.0.1:1/0", base_s=0.01, cap_s=0.05, give_up_s=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(RedisUnavailable, match="unreachable for"):
+        await outage.call(refused, "reading")
+    assert time.monotonic() - t0 > 0.4, "waited out the bound, as for any outage"
+    monkeypatch.delenv("FARM_REDIS_REACHED")
+    with pytest.raises(RedisUnavailable, match="has not answered since"):
+        await Outage("redis://127.0.0.1:1/0", base_s=0.01, cap_s=0.05, give_up_s=0.5).call(refused, "reading")
+
+
 async def test_a_redis_still_loading_is_waited_for_not_refused():
     """BusyLoadingError is an answer (Redis is replaying its AOF): the first call retries, then succeeds."""
     outage = Outage("redis://127.0.0.1:1/0", base_s=0.01, cap_s=0.05, give_up_s=5)
