@@ -271,6 +271,7 @@ async def test_a_worker_page_is_its_heartbeat_and_its_dead_letters(farm):
     assert "elsewhere" not in failures and "timeout" not in failures
 
 
+@pytest.mark.slow
 def test_the_run_and_worker_pages_fit_a_wide_and_a_phone_screen(redis_url, namespace, tmp_path):
     """In a real Chromium at 1,400, 1,024 and 390 px: the runs list, a run's page and a worker's page have no
     page-wide sideways scroll; a hostile run id is text (the title is not taken over)."""
