@@ -1,5 +1,6 @@
-"""Names a package re-exports from its modules, imported on first use (PEP 562), so importing the
-package stays cheap: `farm` for the workers, `trainer` without torch and TRL."""
+"""Code imported when it is used: the names a package re-exports from its modules (PEP 562), so
+importing the package stays cheap (`farm` for the workers, `trainer` without torch and TRL), and
+the `module:attr` a config names (an environment class, a harness function)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from importlib import import_module
 from typing import Any, Callable
 
-__all__ = ["lazy_exports"]
+__all__ = ["import_object", "lazy_exports"]
 
 
 def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -25,3 +26,13 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
         return sorted([*vars(sys.modules[package]), *exports])
 
     return __getattr__, __dir__
+
+
+def import_object(spec: str) -> Any:
+    """The object `module:attr` names (`attr` may be dotted); the import's own errors propagate, for
+    the caller to say whose they are."""
+    module, _, attr = spec.partition(":")
+    obj: Any = import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -10,7 +10,6 @@ limit makes the rollout `failed` with kind `verifier`; it is never scored 0 sile
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Optional
@@ -18,6 +17,7 @@ from typing import Any, Literal, Optional
 from envs.sdk.rows import Row, parse_row
 from envs.sdk.tools import Tool, Toolset
 from farm.errors import ConfigError, UnknownAgent, where
+from farm.lazy import import_object
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -130,11 +130,9 @@ def env_class(name: str) -> type[Environment]:
                 "(or name a class as module:Class)"
             )
         spec = envs[name].value
-    module, _, attr = spec.partition(":")
+    module = spec.partition(":")[0]
     try:
-        obj: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj = import_object(spec)
     except Exception as exc:  # noqa: BLE001 - any error importing the user's module is theirs, in one line
         if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0] and ":" in name:
             raise ConfigError(f"environment {name}: no module {module!r} (is its directory on PYTHONPATH?)") from None

@@ -35,7 +35,6 @@ process group is killed) and cancels its open model calls.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import os
@@ -46,6 +45,7 @@ from typing import Any, Callable, Optional
 
 from envs.sdk import AgentSettings, Environment, Tool, Transcript, Verdict
 from farm.errors import ConfigError, RolloutFailure
+from farm.lazy import import_object
 from farm.schema import ErrorKind, Rollout, Task, Timings
 from farm.settings import AgentConfig, Settings
 from workers.gateway.bridge import Bridge
@@ -116,9 +116,7 @@ def load_harness(spec: str) -> Callable[..., Any]:
     """The `module:function` a config names, checked to be an async function of (client, task)."""
     module, _, attr = spec.partition(":")
     try:
-        fn: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            fn = getattr(fn, part)
+        fn = import_object(spec)
     except ImportError as exc:
         raise ConfigError(f"harness {spec}: cannot import {module}: {exc}") from None
     except AttributeError:
