@@ -14,6 +14,7 @@ import os
 import time
 
 import pytest
+from helpers.trainer import even_tokens
 
 from farm.schema import Sampling
 
@@ -483,13 +484,6 @@ def test_grpo_steps_through_the_farm_with_weight_sync(settings, reloadable_vllm,
     def recorded_env_reward(completions, **kw):
         seen.append({"env_reward": list(kw["env_reward"]), "agent": list(kw["agent"])})
         return env_reward(completions, **kw)
-
-    def even_tokens(completions, completion_ids, env_reward, **_):
-        # A shaping term that differs between samples, so the tiny batch has an advantage (and a
-        # gradient) even when SmolLM2 scores 0 everywhere and every completion hits the length cap.
-        return [
-            None if r is None else sum(i % 2 == 0 for i in ids) / len(ids) for r, ids in zip(env_reward, completion_ids)
-        ]
 
     probe = list(range(100, 120))
     before_served = _prompt_logprobs(server, probe)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from helpers.processes import stop
-from helpers.trainer import one_step_config
+from helpers.trainer import even_tokens, one_step_config
 from helpers.workers import spawn_worker
 
 from farm.schema import unpack_i32
@@ -53,13 +53,6 @@ def test_grpo_trains_on_a_batch_of_harness_and_native_rollouts(settings, vllm, m
         temperature=1.0,
         rollout_timeout_s=150,
     )
-
-    def even_tokens(completions, completion_ids, env_reward, **_):
-        # A shaping term that differs between samples, so the tiny batch has a gradient even when
-        # SmolLM2 scores the same everywhere.
-        return [
-            None if r is None else sum(i % 2 == 0 for i in ids) / len(ids) for r, ids in zip(env_reward, completion_ids)
-        ]
 
     started = time.monotonic()
     try:

@@ -55,3 +55,11 @@ def one_step_config(tmp_path, model_dir, rows: list[dict], **overrides):
         torch_threads=1,
     )
     return TrainConfig(**{**settings, **overrides})
+
+
+def even_tokens(completions, completion_ids, env_reward, **_):
+    """A shaping reward that differs between samples (the share of even token ids), so a tiny batch has
+    an advantage and a gradient even when SmolLM2 scores the same everywhere and hits the length cap."""
+    return [
+        None if r is None else sum(i % 2 == 0 for i in ids) / len(ids) for r, ids in zip(env_reward, completion_ids)
+    ]
