@@ -242,6 +242,9 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     attempt: int = 1
     finished_at: float = 0.0
     history: list[Attempt] = []  # the task's failed attempts before this rollout (Task.history)
+    # The version of the verifier that gave `reward` (the environment's `verifier_version`): a
+    # re-scoring (`farm reverify`) knows which rollouts an improved verifier would score differently.
+    verifier_version: str = ""
 
     def __post_init__(self) -> None:
         if self.status in (Status.failed, Status.cancelled) and self.error is None:

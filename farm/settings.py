@@ -103,6 +103,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     connect_backoff_max_s: float = 5.0
     socket_timeout_s: float = 30.0
     redis_down_max_s: float = 120.0  # any process gives up after Redis is gone this long
+    redis_wait_replicas: int = 0  # submits, settles and dead letters wait (WAIT) for this many replicas; 0: off
+    redis_wait_timeout_ms: int = 1000  # the longest such a WAIT blocks
+    stop_settle_timeout_s: float = 1.0  # a stopping worker's one try to settle or hand back what it holds
     max_entry_bytes: int = 32 * 1024 * 1024  # larger task or result entries are dead-lettered, not decoded
     # What workers record for the dashboards (farm.history), in the settle's own round trip.
     history: bool = True  # per-minute buckets per agent
@@ -164,6 +167,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "connect_backoff_max_s",
             "socket_timeout_s",
             "redis_down_max_s",
+            "redis_wait_timeout_ms",
+            "stop_settle_timeout_s",
             "policy_timeout_s",
             "policy_retry_budget_s",
             "restart_max",
@@ -186,6 +191,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.health_port is not None and not 1 <= self.health_port <= 65535:
             raise ValueError(f"health_port must be a port number (1-65535), got {self.health_port}")
+        if self.redis_wait_replicas < 0:
+            raise ValueError("redis_wait_replicas must be >= 0 (0: no WAIT)")
         if self.policy_max_retries < 0:
             raise ValueError("policy_max_retries must be >= 0")
         if self.policy_spill_ratio < 1:
