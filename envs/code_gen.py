@@ -78,6 +78,7 @@ class CodeRow(Row):
 
 class CodeGen(Environment):
     name = "code_gen"
+    verifier_version = "1"
     row_type = CodeRow
 
     def __init__(

@@ -78,6 +78,7 @@ class IFRow(Row):
 
 class InstructionFollowing(Environment):
     name = "instruction_following"
+    verifier_version = "1"
     agent = AgentSettings(loop="single_turn", max_steps=1)
     row_type = IFRow
 

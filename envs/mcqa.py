@@ -212,6 +212,7 @@ def grade(text: str, row: MCQARow, mode: Optional[str] = None, bad: Optional[lis
 
 class MCQA(Environment):
     name = "mcqa"
+    verifier_version = "1"
     agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=10.0)
     row_type = MCQARow
 

@@ -160,6 +160,7 @@ def _number(value: Any) -> bool:
 
 class NemoGymServer(Environment):
     name = "nemo_gym_server"
+    verifier_version = "1"
     row_type = ServerRow
 
     def __init__(

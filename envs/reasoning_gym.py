@@ -103,6 +103,7 @@ def _reject(obj: Any) -> Any:
 
 class ReasoningGym(Environment):
     name = "reasoning_gym"
+    verifier_version = "1"
     agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=60.0)
     row_type = ReasoningRow
 

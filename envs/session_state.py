@@ -77,6 +77,7 @@ def _last_integer(text: str) -> Optional[int]:
 
 class SessionState(Environment):
     name = "session_state"
+    verifier_version = "1"
     agent = AgentSettings(loop="tool_use", max_steps=6, sampling={"max_tokens": 128})
     row_type = CounterRow
     toolset = TOOLS

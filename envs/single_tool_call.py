@@ -44,6 +44,7 @@ async def get_weather(state: list, city: str) -> dict:
 
 class SingleToolCall(Environment):
     name = "single_tool_call"
+    verifier_version = "1"
     agent = AgentSettings(loop="tool_use", max_steps=3, sampling={"max_tokens": 96})
     row_type = WeatherRow
     toolset = TOOLS

@@ -32,6 +32,7 @@ class QuestionRow(Row):
 
 class Verifiers(Environment):
     name = "verifiers"
+    verifier_version = "1"
     agent = AgentSettings(loop="single_turn", max_steps=4, sampling={"max_tokens": 32})
     row_type = QuestionRow
 

@@ -70,6 +70,10 @@ class Environment:
     """The base class of every environment; override what the task family needs."""
 
     name: str = "base"
+    # The verifier's version, recorded on every rollout it scores (Rollout.verifier_version). Bump
+    # it whenever a change could score a stored rollout differently (a fixed checker, new partial
+    # credit, another judge): `farm reverify` re-scores stored rollouts and reports which changed.
+    verifier_version: str = "1"
     agent: AgentSettings = AgentSettings()
     row_type: type[Row] = Row  # the rows' typed shape (ground truth included)
     toolset: Optional[Toolset] = None  # the tools, when declared with @Toolset.tool

@@ -55,6 +55,7 @@ class WorkplaceRow(Row):
 
 class WorkplaceAssistant(Environment):
     name = ENV_NAME
+    verifier_version = "1"
     agent = AgentSettings(loop="tool_use", max_steps=10, sampling={"max_tokens": 256})
     row_type = WorkplaceRow
     toolset = TOOLS

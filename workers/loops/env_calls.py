@@ -178,5 +178,6 @@ async def scored(
         metrics=metrics,
         output=transcript.output,
         timings=timings,
+        verifier_version=env.verifier_version,
         **fields,
     )
