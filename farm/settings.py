@@ -214,9 +214,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("block_ms must be shorter than socket_timeout_s")
         if self.redis_url is not None:
             scheme = urlsplit(self.redis_url).scheme
-            if scheme not in ("redis", "rediss", "unix"):
+            if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
                 raise ValueError(
-                    f"redis_url must start with redis://, rediss:// or unix://, got {scheme or 'no scheme'!r}"
+                    "redis_url must start with redis://, rediss://, unix:// or redis+sentinel://, "
+                    f"got {scheme or 'no scheme'!r}"
                 )
 
     @property

@@ -17,9 +17,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from farm import scripts
+from farm.connection import Durability
 from farm.scripts import NOT_PENDING, SETTLED, SettleOp, load_scripts
 from farm.tasks import cancel_and_wait
-from farm.transport import Outage, mapped
+from farm.transport import Outage, is_transient, mapped
 
 log = logging.getLogger("farm.streams")
 
@@ -46,12 +47,28 @@ class Settler:
     lost reply may count its buckets twice, and a worker killed with -9 loses at most its
     last FLUSH_S of counts: the history is for watching, the stats hash and the streams hold
     the exact record.
+
+    With `wait` (farm.connection.Durability, redis_wait_replicas > 0) each batch of settles ends
+    in one WAIT on the same pipeline, so a settle is acknowledged (its future resolved, its task
+    counted) only once that many replicas have it, or the WAIT timed out (counted in
+    `wait.short`, logged once): what a worker saw settled survives a failover. A settle script
+    that meets READONLY (a demoted master still answering after a failover) fails the whole batch
+    as transient: the pool's idle connections are dropped, so the Outage's next try asks the
+    Sentinels for the new master.
     """
 
     FLUSH_S = 1.0
 
-    def __init__(self, r: aioredis.Redis, outage: Outage, counters: Optional[Counter] = None, max_batch: int = 512):
+    def __init__(
+        self,
+        r: aioredis.Redis,
+        outage: Outage,
+        counters: Optional[Counter] = None,
+        max_batch: int = 512,
+        wait: Optional[Durability] = None,
+    ):
         self.r, self.outage, self.max_batch = r, outage, max_batch
+        self.wait = wait if wait is not None else Durability(0, 0)
         self.counters: Counter = Counter() if counters is None else counters
         self.queue: asyncio.Queue = asyncio.Queue()
         self._task: Optional[asyncio.Task] = None
@@ -138,6 +155,12 @@ class Settler:
         if any(isinstance(x, NoScriptError) for x in results):
             await load_scripts(self.r)  # Redis restarted and lost its script cache
             results = await self._pipeline(ops, counts)
+        failover = next((x for x in results if isinstance(x, Exception) and is_transient(x)), None)
+        if failover is not None:  # READONLY: this connection's server is a replica now
+            await self.r.connection_pool.disconnect(inuse_connections=False)
+            raise failover
+        if ops and self.wait:
+            self.wait.check(results[-1], "settling rollouts")
         return results[: len(ops)]
 
     async def _pipeline(self, ops: list[SettleOp], counts: dict) -> list:
@@ -146,4 +169,6 @@ class Settler:
             op.queue(pipe)
         for (key, stream, backlog, ttl), inc in counts.items():
             scripts.bucket(bucket=key, stream=stream, backlog=backlog, ttl_s=ttl, counts=inc).queue(pipe)
+        if ops:
+            self.wait.queue(pipe)  # last, on the batch's own connection: one WAIT per batch
         return await pipe.execute(raise_on_error=False)

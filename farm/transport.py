@@ -11,7 +11,8 @@ the farm's own errors, mapped once here:
     WRONGTYPE                                     RedisWrongType     at once
     error inside a Lua script                     RedisScriptError   at once
     ConnectionError, TimeoutError, OSError,       retried by Outage, then RedisUnavailable
-      BusyLoadingError, ReadOnlyError, TryAgain
+      BusyLoadingError, ReadOnlyError, TryAgain,
+      READONLY inside a script (failover)
 
 Retrying lives in exactly one place, `Outage`: jittered exponential backoff whose bound is
 time (settings.redis_down_max_s, counted from the first failure of the outage and shared by
@@ -79,20 +80,18 @@ def redact(url: Optional[str]) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable redis_url>"
-    if parts.password is None:
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:  # no password (a Sentinel URL's hosts are a list: kept as written)
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (rx.AuthenticationError, rx.AuthenticationWrongNumberOfArgsError)):
         return False
-    return isinstance(exc, _TRANSIENT)
+    # READONLY inside a script (a demoted master after a failover) arrives as a script's ResponseError.
+    return isinstance(exc, _TRANSIENT) or (isinstance(exc, rx.ResponseError) and "-READONLY " in str(exc))
 
 
 def mapped(exc: BaseException, url: str) -> TransportError:
@@ -120,7 +119,8 @@ def mapped(exc: BaseException, url: str) -> TransportError:
             f"Redis at {url}: a key the farm writes holds another type ({text}); "
             "is another application using the farm's namespace?"
         )
-    if isinstance(exc, rx.ResponseError) and ("script" in text.lower() or "user_function" in text):
+    scripted = "script" in text.lower() or "user_function" in text
+    if isinstance(exc, rx.ResponseError) and scripted and not is_transient(exc):
         return RedisScriptError(f"Redis at {url}: a farm script failed ({text})")
     if is_transient(exc):
         return RedisUnavailable(
