@@ -17,30 +17,30 @@ comparison still finishes), or killed past `library_wall_s` of wall time if it b
 says "not equal", but the pool's limit cannot be caught (envs/cpu.py), so a slow right answer is
 a `verifier` failure, not a 0. setup() warms every pool process with a few comparisons (`warm`),
 since a fresh process's first parse alone costs more than a small limit. When the library says
-no and a judge is configured (`judge_url`, `judge_model`: any OpenAI-compatible server), the
-judge is asked twice with the two answers in swapped order, and the answers count as equal only
-when both orders say so, which cancels the judge's position bias.
+no and a judge is configured, the judge is asked twice with the two answers in swapped order, and
+the answers count as equal only when both orders say so, which cancels the judge's position bias.
+The judge is one of the farm's (`judge: NAME`, from `judges:` in the settings, asked through
+`ctx.judge`: its own concurrency limit, deadline and cache); the older options `judge_url` and
+`judge_model` (any OpenAI-compatible server) still work: they define a judge named `math` on the
+same pool, used when the settings name none so.
 
 Errors are not scores: an expected answer math-verify cannot parse, a comparison past its time
-limit, or a judge that keeps failing raise, and the rollout is recorded as a `verifier` failure.
-A model answer that is missing, unparseable or wrong is simply reward 0.
+limit, or a judge that fails (past its deadline, unreachable) raise, and the rollout is recorded
+as a `verifier` failure. A model answer that is missing, unparseable or wrong is simply reward 0.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-from dataclasses import dataclass
 from fractions import Fraction
 from math import gcd, lcm
 from typing import Any, Optional, Union
 
-import httpx
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from envs.cpu import CpuPool
-from envs.sdk import AgentSettings, Environment, Row, Transcript, Verdict, last_boxed
+from envs.sdk import AgentSettings, Environment, JudgeConfig, Row, Transcript, Verdict, ctx, last_boxed
 
 
 class MathRow(Row):
@@ -113,75 +113,36 @@ JUDGE_SYSTEM = (
 )
 JUDGE_USER = "Problem:\n{question}\n\nAnswer A:\n{first}\n\nAnswer B:\n{second}"
 EQUAL, DIFFERENT = "[[A=B]]", "[[A!=B]]"
+JUDGE_SAMPLING = {"temperature": 0.0, "max_tokens": 256}
+IMPLICIT_JUDGE = "math"  # the judge `judge_url`/`judge_model` define, when `judges:` has none by that name
 
 
-class JudgeError(Exception):
-    """The judge could not be asked (connection, HTTP status, unreadable reply) within its retries."""
+def judge_messages(question: str, first: str, second: str) -> list[dict]:
+    user = JUDGE_USER.format(question=question, first=first, second=second)
+    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
 
 
-@dataclass
-class Judge:
-    """An OpenAI-compatible chat endpoint asked whether two answers are equivalent."""
+def read_verdict(text: str) -> str:
+    """'equal', 'different', or 'unparsed' (no label: counted as not equal, as NeMo Gym does);
+    the first label decides."""
+    eq, ne = text.find(EQUAL), text.find(DIFFERENT)
+    if eq < 0 and ne < 0:
+        return "unparsed"
+    return "equal" if eq >= 0 and (ne < 0 or eq < ne) else "different"
 
-    url: str  # base URL, with or without the trailing /v1
-    model: str
-    max_tokens: int = 256
-    timeout_s: float = 30.0
-    retries: int = 2  # tries after the first, on connection errors, 429 and 5xx
-    backoff_s: float = 0.5
-    transport: Optional[httpx.AsyncBaseTransport] = None
 
-    @property
-    def endpoint(self) -> str:
-        base = self.url.rstrip("/")
-        return (base if base.endswith("/v1") else base + "/v1") + "/chat/completions"
+async def ask(judge: str, question: str, first: str, second: str) -> str:
+    reply = await ctx.judge(judge, judge_messages(question, first, second), **JUDGE_SAMPLING)
+    return read_verdict(reply.text)
 
-    async def equivalent(self, question: str, expected: str, answer: str) -> tuple[bool, list[str]]:
-        """Both orders must say equal; the second is asked only when the first does."""
-        first = await self.ask(question, expected, answer)
-        if first != "equal":
-            return False, [first]
-        second = await self.ask(question, answer, expected)
-        return second == "equal", [first, second]
 
-    async def ask(self, question: str, first: str, second: str) -> str:
-        """'equal', 'different', or 'unparsed' (no label: counted as not equal, as NeMo Gym does)."""
-        body = {
-            "model": self.model,
-            "temperature": 0.0,
-            "max_tokens": self.max_tokens,
-            "messages": [
-                {"role": "system", "content": JUDGE_SYSTEM},
-                {"role": "user", "content": JUDGE_USER.format(question=question, first=first, second=second)},
-            ],
-        }
-        text = await self._post(body)
-        eq, ne = text.find(EQUAL), text.find(DIFFERENT)
-        if eq < 0 and ne < 0:
-            return "unparsed"
-        return "equal" if eq >= 0 and (ne < 0 or eq < ne) else "different"
-
-    async def _post(self, body: dict) -> str:
-        last = ""
-        async with httpx.AsyncClient(transport=self.transport, timeout=self.timeout_s) as client:
-            for attempt in range(self.retries + 1):
-                if attempt:
-                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0))
-                try:
-                    resp = await client.post(self.endpoint, json=body)
-                except httpx.TransportError as exc:
-                    last = f"{type(exc).__name__}: {exc}"
-                    continue
-                if resp.status_code == 429 or resp.status_code >= 500:
-                    last = f"HTTP {resp.status_code}"
-                    continue
-                if resp.status_code != 200:
-                    raise JudgeError(f"judge at {self.endpoint} answered HTTP {resp.status_code}: {resp.text[:200]}")
-                try:
-                    return resp.json()["choices"][0]["message"]["content"] or ""
-                except (ValueError, KeyError, IndexError, TypeError):
-                    raise JudgeError(f"judge at {self.endpoint} sent an unreadable reply: {resp.text[:200]}") from None
-        raise JudgeError(f"judge at {self.endpoint} failed {self.retries + 1} times, last: {last}")
+async def equivalent(judge: str, question: str, expected: str, answer: str) -> tuple[bool, list[str]]:
+    """Both orders must say equal; the second is asked only when the first does."""
+    first = await ask(judge, question, expected, answer)
+    if first != "equal":
+        return False, [first]
+    second = await ask(judge, question, answer, expected)
+    return second == "equal", [first, second]
 
 
 # --- the environment ---
@@ -189,6 +150,7 @@ class Judge:
 
 class Math(Environment):
     name = "math"
+    verifier_version = "1"
     agent = AgentSettings(loop="single_turn", max_steps=1, verify_timeout_s=120.0)  # judge included
     row_type = MathRow
     compare = staticmethod(compare)  # the library comparison; any module-level function can stand in
@@ -198,15 +160,16 @@ class Math(Environment):
         judge_url: Optional[str] = None,
         judge_model: Optional[str] = None,
         *,
+        judge: Optional[str] = None,
         library_timeout_s: float = 10.0,
         library_wall_s: Optional[float] = None,
-        judge: Optional[Judge] = None,
     ):
-        if judge is None and judge_url:
+        if judge_url:
             if not judge_model:
                 raise ValueError("math: judge_url needs judge_model (the model name the judge server serves)")
-            judge = Judge(judge_url, judge_model)
-        self.judge = judge
+            self.judges = {IMPLICIT_JUDGE: JudgeConfig(urls=[judge_url], model=judge_model, deadline_s=60.0)}
+            judge = judge or IMPLICIT_JUDGE
+        self.judge = judge  # a judge's name (`judges:` in the settings); None: the library alone
         self.library_timeout_s = library_timeout_s  # CPU seconds per answer
         self.library_wall_s = library_wall_s  # wall-clock backstop; CpuPool's default when None
         self.pool = CpuPool(warmup=warm)
@@ -229,7 +192,7 @@ class Math(Environment):
         correct = library
         if not library and self.judge is not None and transcript.final_text.strip():
             question = row.question or _last_user_text(row.responses_create_params.input)
-            correct, verdicts = await self.judge.equivalent(question, expected, boxed or transcript.final_text)
+            correct, verdicts = await equivalent(self.judge, question, expected, boxed or transcript.final_text)
             components["judge"] = float(correct)
             metrics["judge_verdicts"] = verdicts
         return Verdict(reward=float(correct), components=components, metrics=metrics)

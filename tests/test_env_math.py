@@ -6,19 +6,19 @@ import multiprocessing
 import os
 import time
 
-import httpx
 import pytest
 from helpers.policies import ScriptedPolicy
 from helpers.workers import run_through_worker
 
 import envs.math as math_env
 from envs.cpu import VerifierTimeout
-from envs.math import Judge, JudgeError, Math, generate
-from envs.sdk import AgentSettings, RowError, Transcript, last_boxed
+from envs.math import Math, generate
+from envs.sdk import AgentSettings, JudgeConfig, JudgeFailure, JudgeReply, RowError, Transcript, judging, last_boxed
 from farm.errors import RolloutFailure
 from farm.schema import Sampling, Task
 from workers.loops.agent import AgentContext
 from workers.loops.loop import AgentLoop
+from workers.policy.judges import JudgePool
 
 
 def said(text: str) -> Transcript:
@@ -203,76 +203,82 @@ async def test_the_limit_is_cpu_time_so_a_loaded_machine_does_not_fail_honest_an
     assert wall > 1.0  # a wall-time limit of 1 s would have killed it
 
 
-# The judge is tested against httpx.MockTransport rather than a model: what matters is its logic
-# (both orders must say equal, labels parsed, failures raised), which a scripted judge pins down
-# exactly; SmolLM2 would answer at random.
+# The judge is tested against a scripted judge backend rather than a model: what matters here is
+# math's logic (both orders must say equal, labels parsed, failures raised), which a scripted judge
+# pins down exactly; SmolLM2 would answer at random. The pool's HTTP path, limit, deadline and
+# cache are tested against real servers in tests/test_judges.py.
 
 
-def scripted_judge(decide, calls: list) -> Judge:
-    """A judge whose reply is decide(answer_a, answer_b) -> text; every request body is kept in `calls`."""
+class ScriptedJudges:
+    """A judge backend whose reply is decide(answer_a, answer_b) -> text; every request is kept in `calls`."""
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        calls.append(body)
-        user = body["messages"][-1]["content"]
+    def __init__(self, decide, calls: list):
+        self.decide, self.calls = decide, calls
+
+    async def ask(self, name, messages, sampling, default=None):
+        self.calls.append({"judge": name, "messages": messages, "default": default, **sampling})
+        if isinstance(self.decide, Exception):
+            raise self.decide
+        user = messages[-1]["content"]
         a = user.split("Answer A:\n", 1)[1].split("\n\nAnswer B:", 1)[0]
         b = user.split("Answer B:\n", 1)[1]
-        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": decide(a, b)}}]})
+        return JudgeReply(name, self.decide(a, b), 0.01)
 
-    return Judge("http://judge.test", "stub", transport=httpx.MockTransport(handler), backoff_s=0.01)
+
+async def scored_with(env: Math, judges: ScriptedJudges, r: dict, transcript: Transcript):
+    with judging(judges, getattr(env, "judges", None)):
+        return await env.score(r, None, transcript)
 
 
 @pytest.mark.slow
 async def test_judge_counts_equal_only_when_both_orders_agree(make_math):
     calls: list = []
-    agreeing = make_math(judge=scripted_judge(lambda a, b: "Same value. [[A=B]]", calls))
-    v = await agreeing.score(row("\\frac{1}{2}", "Half of one?"), None, said("\\boxed{one half}"))
+    agreeing = ScriptedJudges(lambda a, b: "Same value. [[A=B]]", calls)
+    env = make_math(judge="grader")
+    v = await scored_with(env, agreeing, row("\\frac{1}{2}", "Half of one?"), said("\\boxed{one half}"))
     assert v.reward == 1.0 and v.components == {"library": 0.0, "judge": 1.0}
     assert v.metrics["judge_verdicts"] == ["equal", "equal"]
     first, second = (c["messages"][-1]["content"] for c in calls)
     assert "Half of one?" in first and first.index("\\frac{1}{2}") < first.index("one half")
     assert second.index("one half") < second.index("\\frac{1}{2}")  # asked again, swapped
-    assert calls[0]["model"] == "stub" and calls[0]["temperature"] == 0.0
+    assert calls[0]["judge"] == "grader" and calls[0]["temperature"] == 0.0
 
     # A judge biased to the expected answer's position agrees in one order only: not equal.
     calls.clear()
-    biased = make_math(judge=scripted_judge(lambda a, b: "[[A=B]]" if a == "\\frac{1}{2}" else "[[A!=B]]", calls))
-    v = await biased.score(row("\\frac{1}{2}"), None, said("\\boxed{one half}"))
+    biased = ScriptedJudges(lambda a, b: "[[A=B]]" if a == "\\frac{1}{2}" else "[[A!=B]]", calls)
+    v = await scored_with(env, biased, row("\\frac{1}{2}"), said("\\boxed{one half}"))
     assert v.reward == 0.0 and v.metrics["judge_verdicts"] == ["equal", "different"] and len(calls) == 2
 
     # Said different first: the second order is not asked.
     calls.clear()
-    v = await make_math(judge=scripted_judge(lambda a, b: "[[A!=B]]", calls)).score(row("3"), None, said("\\boxed{4}"))
+    v = await scored_with(env, ScriptedJudges(lambda a, b: "[[A!=B]]", calls), row("3"), said("\\boxed{4}"))
     assert v.reward == 0.0 and v.metrics["judge_verdicts"] == ["different"] and len(calls) == 1
 
     # No label is not equal; the first label decides.
-    assert await scripted_judge(lambda a, b: "I cannot tell.", []).ask("q", "1", "2") == "unparsed"
-    assert await scripted_judge(lambda a, b: "[[A!=B]] ... not [[A=B]]", []).ask("q", "1", "2") == "different"
+    assert math_env.read_verdict("I cannot tell.") == "unparsed"
+    assert math_env.read_verdict("[[A!=B]] ... not [[A=B]]") == "different"
 
     # The library already said yes: the judge is never asked.
     calls.clear()
-    v = await make_math(judge=scripted_judge(lambda a, b: "[[A!=B]]", calls)).score(row("2"), None, said("\\boxed{2}"))
+    v = await scored_with(env, ScriptedJudges(lambda a, b: "[[A!=B]]", calls), row("2"), said("\\boxed{2}"))
     assert v.reward == 1.0 and v.components == {"library": 1.0} and calls == []
 
 
 @pytest.mark.slow
-async def test_judge_failures_raise_after_bounded_retries(make_math):
-    seen = []
+async def test_judge_failures_raise_and_the_old_options_define_a_judge(make_math):
+    """A judge that fails raises its JudgeFailure (a `verifier` failure), never a 0; `judge_url` and
+    `judge_model` still configure math's judge: an implicit judge named `math` on the pool."""
+    calls: list = []
+    down = ScriptedJudges(JudgeFailure("grader", "no answer within its deadline of 1s"), calls)
+    with pytest.raises(JudgeFailure, match="judge grader: no answer within its deadline") as info:
+        await scored_with(make_math(judge="grader"), down, row("3"), said("\\boxed{4}"))
+    assert info.value.kind == "verifier" and len(calls) == 1
 
-    def down(request):
-        seen.append(request.url)
-        return httpx.Response(503, text="overloaded")
-
-    judge = Judge("http://judge.test/v1", "stub", transport=httpx.MockTransport(down), retries=2, backoff_s=0.01)
-    with pytest.raises(JudgeError, match="failed 3 times, last: HTTP 503"):
-        await make_math(judge=judge).score(row("3"), None, said("\\boxed{4}"))
-    assert len(seen) == 3 and str(seen[0]) == "http://judge.test/v1/chat/completions"
-
-    bad = Judge(
-        "http://judge.test", "stub", transport=httpx.MockTransport(lambda r: httpx.Response(404, text="no model"))
-    )
-    with pytest.raises(JudgeError, match="HTTP 404"):
-        await bad.ask("q", "1", "2")
+    old = make_math(judge_url="http://judge.test/v1", judge_model="stub")
+    assert old.judge == "math" and old.judges["math"].urls == ["http://judge.test"]
+    calls.clear()
+    v = await scored_with(old, ScriptedJudges(lambda a, b: "[[A!=B]]", calls), row("3"), said("\\boxed{4}"))
+    assert v.reward == 0.0 and calls[0]["judge"] == "math" and calls[0]["default"].model == "stub"
     with pytest.raises(ValueError, match="judge_model"):
         Math(judge_url="http://judge.test")
 
@@ -314,8 +320,13 @@ def test_worker_runs_math_against_real_vllm(settings, vllm, model_dir):
 @pytest.mark.vllm
 @pytest.mark.slow
 async def test_the_real_vllm_server_can_be_the_judge(vllm):
-    """The judge's HTTP path against a real OpenAI-compatible server; SmolLM2's verdict itself is noise."""
-    judge = Judge(vllm.url, vllm.served_model_name, max_tokens=32)
-    equal, verdicts = await judge.equivalent("What is half of one?", "\\frac{1}{2}", "0.5")
+    """The judge's HTTP path (the pool) against a real OpenAI-compatible server; SmolLM2's verdict itself is noise."""
+    config = JudgeConfig(urls=[vllm.url], model=vllm.served_model_name)
+    pool = JudgePool({"vllm": config})
+    try:
+        with judging(pool):
+            equal, verdicts = await math_env.equivalent("vllm", "What is half of one?", "\\frac{1}{2}", "0.5")
+    finally:
+        await pool.aclose()
     assert 1 <= len(verdicts) <= 2 and set(verdicts) <= {"equal", "different", "unparsed"}
     assert equal == (verdicts == ["equal", "equal"])

@@ -6,6 +6,8 @@
 - `Toolset` / `Tool`: tools declared with one decorator, schema from signature and docstring;
 - `Transcript`, `Verdict`: what a verifier reads and returns;
 - `last_boxed`: answer extraction shared by verifiers;
+- `ctx`, `JudgeReply`, `JudgeFailure`, `JudgeConfig`: judges a verifier asks (`await ctx.judge(name,
+  messages)`; envs/sdk/judge.py), `judging` to ask them outside a worker;
 - `ErrorKind`, `RolloutFailure`: the failure kinds shared by the worker, the client, the
   producer and the dashboard.
 
@@ -24,6 +26,7 @@ from envs.sdk.environment import (
     env_class,
     load_env,
 )
+from envs.sdk.judge import JudgeConfig, JudgeFailure, JudgeReply, ctx, judging
 from envs.sdk.rows import AgentRef, CreateParams, Row, RowError, parse_row
 from envs.sdk.tools import Tool, ToolArgumentError, Toolset
 from farm.errors import RolloutFailure
@@ -36,6 +39,9 @@ __all__ = [
     "CreateParams",
     "Environment",
     "ErrorKind",
+    "JudgeConfig",
+    "JudgeFailure",
+    "JudgeReply",
     "LoopKind",
     "Row",
     "RowError",
@@ -46,7 +52,9 @@ __all__ = [
     "Transcript",
     "Verdict",
     "available_envs",
+    "ctx",
     "env_class",
+    "judging",
     "last_boxed",
     "load_env",
     "parse_row",

@@ -22,6 +22,13 @@ class AgentContext:
     versions: Optional[PolicyVersions] = None  # the served policy version, watched once per process
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("farm.agent"))
 
+    def __post_init__(self) -> None:
+        """The worker makes one context per process: its judges (`judges:` in the settings) are the
+        ones `ctx.judge` asks in every verifier of the process."""
+        from workers.policy.judges import install
+
+        install(self.settings if isinstance(self.settings, Settings) else None)
+
 
 @runtime_checkable
 class Agent(Protocol):

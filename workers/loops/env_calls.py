@@ -17,9 +17,10 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Optional
 
 from envs.sdk import Environment, Tool, Transcript, Verdict
+from envs.sdk.judge import JudgeConfig, JudgeReply, judging
 from farm.errors import RolloutFailure, where
 from farm.schema import ErrorKind, Rollout, Status, Task, Timings
 from workers.policy.chat import BadToolCall, ToolCall, input_messages
@@ -43,7 +44,19 @@ class EnvironmentAgent:
         try:
             await self.close_policy()
         finally:
-            await self.env.aclose()
+            try:
+                await self.env.aclose()
+            finally:
+                await close_judges()
+
+
+async def close_judges() -> None:
+    """The judges' clients and their last figures, when a verifier of this process asked one."""
+    import sys
+
+    judges = sys.modules.get("workers.policy.judges")
+    if judges is not None:
+        await judges.close_pool()
 
 
 def read_row(env: Environment, row: dict) -> tuple[Any, dict, list[dict], list[str]]:
@@ -138,10 +151,27 @@ async def run_call(
     return result
 
 
+class ProcessJudges:
+    """`ctx.judge` inside a verifier: the process's judge pool for the running event loop
+    (workers/policy/judges.py), made at the first judge call."""
+
+    async def ask(
+        self, name: str, messages: list[dict], sampling: dict[str, Any], default: Optional[JudgeConfig] = None
+    ) -> JudgeReply:
+        from workers.policy.judges import process_pool
+
+        return await process_pool().ask(name, messages, sampling, default)
+
+
 async def verify(env: Environment, row: Any, state: Any, transcript: Transcript, timeout_s: float) -> Verdict:
-    """The environment's verdict, or RolloutFailure(verifier) when it raises or runs too long."""
+    """The environment's verdict, or RolloutFailure(verifier) when it raises or runs too long.
+    The verifier may ask judges (`ctx.judge`); each call is recorded in the metrics (`judge_calls`)."""
     try:
-        return await asyncio.wait_for(env.verify(row, state, transcript), timeout_s)
+        with judging(ProcessJudges(), getattr(env, "judges", None)) as context:
+            verdict = await asyncio.wait_for(env.verify(row, state, transcript), timeout_s)
+        if context.calls:
+            verdict.metrics.setdefault("judge_calls", context.calls)
+        return verdict
     except asyncio.TimeoutError:
         raise RolloutFailure(ErrorKind.verifier, f"verifier ran past {timeout_s}s") from None
     except RolloutFailure:
