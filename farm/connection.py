@@ -15,7 +15,10 @@ call, and the pool's next connection goes to the master the Sentinels name then 
 
 `Durability` is the WAIT that makes an acknowledgement survive a failover: queued at the end of
 a pipeline of writes (a submit's chunk, a settler's batch), it holds the reply until
-redis_wait_replicas replicas have the writes, one round trip per batch.
+redis_wait_replicas replicas have the writes, one round trip per batch. WAIT counts the writes of
+its own connection, so it belongs to the client: `connect` returns one that carries the
+Durability its settings ask for (`durability_of(r)`), and whatever pipelines writes on it queues
+that WAIT with them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -134,14 +137,29 @@ def _sentinel_args(url: str, options: dict) -> tuple[SentinelURL, dict, dict]:
     return parsed, master, {**asked, "retry": Retry(NoBackoff(), 0)}
 
 
+class DurableRedis(aioredis.Redis):
+    """redis-py's asyncio client, carrying the Durability (WAIT) its settings ask of acknowledgements."""
+
+    durability: "Durability"
+
+
+def durability_of(r: Any) -> "Durability":
+    """The Durability a client from `connect` carries; none (no WAIT) for any other client."""
+    return getattr(r, "durability", None) or Durability(0, 0)
+
+
 def connect(settings: Settings) -> aioredis.Redis:
     """An asyncio client for workers and consumers."""
     url = _url(settings)
+    client: DurableRedis
     if is_sentinel(url):
         parsed, master, asked = _sentinel_args(url, _options(settings))
         sentinel = aiosentinel.Sentinel(parsed.sentinels, sentinel_kwargs=asked, **master)
-        return sentinel.master_for(parsed.service)
-    return aioredis.Redis.from_url(url, **_options(settings))
+        client = cast(DurableRedis, sentinel.master_for(parsed.service, redis_class=DurableRedis))
+    else:
+        client = DurableRedis.from_url(url, **_options(settings))
+    client.durability = Durability.of(settings)
+    return client
 
 
 def connect_sync(settings: Settings) -> redis.Redis:

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from farm import scripts
-from farm.connection import Durability
+from farm.connection import Durability, durability_of
 from farm.scripts import NOT_PENDING, SETTLED, SettleOp, load_scripts
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage, is_transient, mapped
@@ -48,7 +48,7 @@ class Settler:
     last FLUSH_S of counts: the history is for watching, the stats hash and the streams hold
     the exact record.
 
-    With `wait` (farm.connection.Durability, redis_wait_replicas > 0) each batch of settles ends
+    With a Durability (`wait`, else the client's: redis_wait_replicas > 0) each batch of settles ends
     in one WAIT on the same pipeline, so a settle is acknowledged (its future resolved, its task
     counted) only once that many replicas have it, or the WAIT timed out (counted in
     `wait.short`, logged once): what a worker saw settled survives a failover. A settle script
@@ -68,7 +68,7 @@ class Settler:
         wait: Optional[Durability] = None,
     ):
         self.r, self.outage, self.max_batch = r, outage, max_batch
-        self.wait = wait if wait is not None else Durability(0, 0)
+        self.wait = wait if wait is not None else durability_of(r)  # the client's, from redis_wait_replicas
         self.counters: Counter = Counter() if counters is None else counters
         self.queue: asyncio.Queue = asyncio.Queue()
         self._task: Optional[asyncio.Task] = None

@@ -17,7 +17,7 @@ from helpers.sentinel import SERVICE, SentinelCluster
 from helpers.waiting import wait_for
 
 from farm import schema
-from farm.connection import Durability, answers, connect, connect_sync, parse_sentinel
+from farm.connection import Durability, answers, connect, connect_sync, durability_of, parse_sentinel
 from farm.errors import ConfigError, RedisAuthError
 from farm.schema import Status
 from farm.scripts import SETTLED
@@ -202,11 +202,15 @@ async def test_the_settler_waits_for_a_replica_once_per_batch(cluster, namespace
     assert not settler.wait.short
     await settler.close()
 
-    greedy = Settler(r, Outage.for_settings(settings), wait=Durability(2, 300))
+    asked = make_settings(cluster.url, namespace, redis_wait_replicas=2, redis_wait_timeout_ms=300)
+    r2 = connect(asked)
+    assert (durability_of(r2).replicas, durability_of(r2).timeout_ms) == (2, 300), "the client carries it"
+    greedy = Settler(r2, Outage.for_settings(asked))
     greedy.start()
     assert await greedy.run(ops[30]) == SETTLED
     assert greedy.wait.short == Counter({"settling rollouts": 1})
     await greedy.close()
+    await r2.aclose()
     await r.aclose()
 
 
