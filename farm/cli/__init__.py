@@ -26,7 +26,7 @@ from farm.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_INTERRUPTED, FarmError
 
 # isort: off
 from farm.cli.base import cli  # the root group, which the modules below register their commands on
-from farm.cli import services, jobs, data, dead, cancel  # noqa: F401
+from farm.cli import services, jobs, data, dead, cancel, reverify  # noqa: F401
 # isort: on
 
 __all__ = ["cli", "main"]

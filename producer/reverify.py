@@ -1,0 +1,545 @@
+"""`farm reverify`: score stored rollouts again with today's verifiers, never calling the policy.
+
+A verifier gets fixed (a checker that missed `\\frac12`, a judge prompt that was too lenient), and
+the rollouts already collected were scored by the old one. Generating them again costs the
+policy's time; scoring them again costs only the verifier's, so this reads the JSONL that
+`farm collect` wrote and asks each row's environment for a new verdict, as NeMo Gym's
+`gym eval reverify` does.
+
+How a stored rollout is scored again: the row is checked as the worker checks it (read_row),
+a fresh state is built and the rollout's recorded tool calls are replayed on it in order (a
+verifier that reads the state, e.g. which cities were looked up, sees what the worker's did),
+and the transcript is rebuilt from the output items (the final text is the last assistant
+message; a harness's own grade comes back from `metrics.reported_reward`). Then the worker's
+own verify step (workers/loops/env_calls.verify) runs: the environment's `verify`, its CPU pool
+and judges included, under its `verify_timeout_s`; a verifier that raises is a recorded
+failure, never a 0. Nothing here builds a policy client.
+
+Each output line is the input line with the new reward, components and verifier_version in
+`rollout`, the old ones beside it (`reward_before`, `reward_components_before`,
+`verifier_version_before`), and `reverify` (the input line number, the outcome, whether the
+reward changed). Lines that cannot be scored again (an environment that does not load, a
+verifier that fails, a stored rollout without an answer) go to `*_failures.jsonl` with their
+`reason`, unchanged otherwise. Lines that are not collect rows (torn by a crash, or foreign)
+are reported by line number and skipped, or abort the run with `--strict`.
+
+Why it can resume: a line's identity is its line number in the input, which the run file
+(`*_run.json`) ties to one input path. `--resume` cuts a partial last line and skips the
+lines the output and failures already hold, as `farm collect --resume` does; whole lines are
+appended in one write each batch (producer.output.Journal), so a kill never tears one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections import Counter, defaultdict
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import msgspec
+
+from envs.sdk import Environment, Transcript, Verdict, load_env
+from farm.errors import ConfigError, FarmError, RolloutFailure
+from farm.settings import Settings
+from producer.collect import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, _sigint_as_flag
+from producer.output import BadLine, InputError, Journal, Paths, read_json, read_records, repair_tail, write_json
+from producer.progress import Live, live_progress
+from workers.loops.env_calls import call_tool, read_row, verify
+
+__all__ = ["ReverifyOptions", "render", "rescore", "run_reverify", "transcript_of"]
+
+log = logging.getLogger("farm.reverify")
+
+_decode = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder()
+
+ANSWERED = ("ok", "truncated")
+
+
+@dataclass
+class ReverifyOptions:
+    input: Path
+    output: Path
+    agent: Optional[str] = None  # score every line with this agent's environment (or module:Class)
+    concurrency: int = 64  # lines being verified at once (the environments' CPU pools run them)
+    resume: bool = False
+    overwrite: bool = False
+    strict: bool = False
+    progress: bool = True
+    progress_every_s: float = 5.0
+    max_bad_lines_shown: int = 20
+
+
+@dataclass
+class Stored:
+    line: int  # 1-based line number in the input: the line's identity
+    agent: str
+    record: dict
+
+
+# -- the input ------------------------------------------------------------------------------
+
+
+def read_stored(path: Path, agent: Optional[str] = None) -> Iterator[Stored | BadLine]:
+    """The collect rows and the bad lines of a rollouts file, in order, one line in memory at a time."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if raw.strip():
+                yield _parse(raw, number, agent)
+
+
+def _parse(raw: bytes, number: int, agent: Optional[str]) -> Stored | BadLine:
+    try:
+        rec = _decode.decode(raw)
+    except msgspec.DecodeError as exc:
+        return BadLine(number, f"not valid JSON, e.g. a line torn by a crash ({exc})")
+    except UnicodeDecodeError as exc:
+        return BadLine(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    if not isinstance(rec, dict) or not isinstance(rec.get("rollout"), dict) or not isinstance(rec.get("row"), dict):
+        return BadLine(number, "not a rollout line of `farm collect` (it needs `row` and `rollout` objects)")
+    if not isinstance(rec["rollout"].get("status"), str):
+        return BadLine(number, "its `rollout` has no `status`")
+    name = agent or rec.get("agent")
+    if not isinstance(name, str) or not name:
+        return BadLine(number, "no `agent` (pass --agent to name the environment for every line)")
+    return Stored(line=number, agent=name, record=rec)
+
+
+@dataclass
+class Plan:
+    totals: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # agent -> lines
+    bad: list[BadLine] = field(default_factory=list)
+    bad_count: int = 0
+
+
+def plan(options: ReverifyOptions, out=None) -> Plan:
+    """Check every line and count the work; InputError (nothing written) when there is none."""
+    out = out or sys.stderr
+    if Path(options.output).resolve() == Path(options.input).resolve():
+        raise InputError(f"--output {options.output} is the input: write the re-scored rollouts to another file")
+    target = Path(options.output)
+    if target.is_dir() or not target.parent.is_dir():
+        raise InputError(f"cannot write {target}: " + ("it is a directory" if target.is_dir() else "no such directory"))
+    p = Plan()
+    for item in read_stored(options.input, options.agent):
+        if isinstance(item, BadLine):
+            p.bad_count += 1
+            if len(p.bad) < options.max_bad_lines_shown:
+                p.bad.append(item)
+            continue
+        p.totals[item.agent] += 1
+    for b in p.bad:
+        print(f"{options.input}:{b.line}: skipped: {b.reason}", file=out)
+    if p.bad_count > len(p.bad):
+        print(f"... and {p.bad_count - len(p.bad)} more lines skipped", file=out)
+    if p.bad_count and options.strict:
+        raise InputError(
+            f"{p.bad_count} line(s) of {options.input} are not rollouts (first: line {p.bad[0].line}: "
+            f"{p.bad[0].reason}); nothing was written (--strict)"
+        )
+    if not p.totals:
+        raise InputError(
+            f"no rollout line in {options.input}"
+            + (f" ({p.bad_count} line(s) skipped)" if p.bad_count else " (the file is empty)")
+            + "; nothing was written"
+        )
+    return p
+
+
+def environment_for(name: str, settings: Settings) -> Environment:
+    """The environment that scores agent `name`'s rollouts, as the worker builds it: a configured
+    agent's env and env_options, else a registered environment or `module:Class`."""
+    cfg = settings.agents.get(name)
+    return load_env(cfg.env if cfg else name, cfg.env_options if cfg else None)
+
+
+# -- scoring one stored rollout -------------------------------------------------------------
+
+
+def transcript_of(rollout: dict) -> Transcript:
+    """What the verifier saw, rebuilt from the stored rollout's output items."""
+    output = rollout.get("output") or []
+    final, calls = "", []
+    for item in output:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "message" and item.get("role") == "assistant":
+            content = item.get("content")
+            parts = content if isinstance(content, list) else [{"text": content}]
+            final = "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
+        elif item.get("type") == "function_call" and item.get("name"):
+            calls.append({"name": item["name"], "arguments": _arguments(item)})
+    metrics = rollout.get("metrics") or {}
+    reported = metrics.get("reported_reward")
+    return Transcript(
+        final_text=final,
+        output=output,
+        tool_calls=calls,
+        truncated=rollout.get("status") == "truncated",
+        reported=Verdict(float(reported)) if isinstance(reported, (int, float)) else None,
+    )
+
+
+def _arguments(item: dict) -> Any:
+    try:
+        return json.loads(item.get("arguments") or "{}")
+    except ValueError:
+        return item.get("arguments")
+
+
+async def replay_tools(env: Environment, state: Any, output: list, timeout_s: float) -> None:
+    """The recorded tool calls run again, in order, on the fresh state (their results are not
+    needed: the output items hold what the model saw)."""
+    tools = {t.name: t for t in env.tools()}
+    if not tools:
+        return
+    counts = {"bad_tool_calls": 0, "tool_errors": 0, "tool_calls": 0}
+    for item in output:
+        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("name"):
+            args = _arguments(item)
+            if item.get("status") != "incomplete" and isinstance(args, dict):
+                await call_tool(tools, item["name"], args, state, timeout_s, counts)
+
+
+async def rescore(env: Environment, row: dict, rollout: dict) -> Verdict:
+    """The environment's verdict on a stored rollout; RolloutFailure when the row does not fit
+    (malformed) or the verifier fails (verifier), as in the worker."""
+    typed, _params, _messages, _followups = read_row(env, row)
+    state = env.new_state(typed)
+    await replay_tools(env, state, rollout.get("output") or [], env.agent.tool_timeout_s)
+    return await verify(env, typed, state, transcript_of(rollout), env.agent.verify_timeout_s)
+
+
+def _reward(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+async def one_line(env: Environment | str, stored: Stored) -> tuple[bytes, Optional[Verdict]]:
+    """The output line for `stored` (`env`: its environment, or why there is none) and the new
+    verdict (None: not scored again; the line belongs in the failures file, with its reason)."""
+    rec = dict(stored.record)
+    before = rec["rollout"]
+    rec["reward_before"] = before.get("reward")
+    rec["reward_components_before"] = before.get("reward_components") or {}
+    rec["verifier_version_before"] = before.get("verifier_version") or ""
+    meta: dict[str, Any] = {"input_line": stored.line}
+    rec["reverify"] = meta
+    verdict: Optional[Verdict] = None
+    if isinstance(env, str):
+        meta["outcome"], rec["reason"] = "unknown_environment", env
+    elif before["status"] not in ANSWERED:
+        error = before.get("error") or {}
+        meta["outcome"] = "no_answer"
+        what = f"{error.get('kind')}: {error.get('message')}"
+        rec["reason"] = f"nothing to score: the stored rollout is {before['status']} ({what})"
+    else:
+        start = time.perf_counter()
+        try:
+            verdict = await rescore(env, rec["row"], before)
+        except RolloutFailure as exc:
+            meta["outcome"], rec["reason"] = exc.kind.value, f"{exc.kind.value}: {exc.message}"
+        else:
+            old = _reward(before.get("reward"))
+            meta.update(
+                outcome="rescored",
+                changed=old is None or abs(old - verdict.reward) > 1e-9,
+                verify_s=round(time.perf_counter() - start, 6),
+            )
+            rec["rollout"] = {
+                **before,
+                "reward": verdict.reward,
+                "reward_components": verdict.components,
+                "metrics": {**(before.get("metrics") or {}), **verdict.metrics},
+                "verifier_version": env.verifier_version,
+            }
+    return _encode.encode(rec) + b"\n", verdict
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def prepare_files(options: ReverifyOptions, paths: Paths) -> set[int]:
+    """The input lines already written (with --resume); cuts torn lines, refuses to clobber."""
+    existing = [p for p in (paths.journal, paths.failures) if p.exists() and p.stat().st_size]
+    if existing and not (options.resume or options.overwrite):
+        raise InputError(
+            f"{existing[0]} already holds rollouts: pass --resume to complete it, or --overwrite to start again"
+        )
+    if options.overwrite and not options.resume:
+        for p in (paths.journal, paths.failures, paths.metrics, paths.run):
+            p.unlink(missing_ok=True)
+    done: set[int] = set()
+    if options.resume:
+        recorded = read_json(paths.run).get("input")
+        if recorded and Path(recorded).resolve() != Path(options.input).resolve():
+            raise InputError(f"{paths.journal} re-scores {recorded}, not {options.input}: resume with the same --input")
+        for p in (paths.journal, paths.failures):
+            cut = repair_tail(p)
+            if cut:
+                log.warning("%s: dropped a partial last line (%d bytes) left by an interrupted run", p, cut)
+        for p in (paths.journal, paths.failures):
+            for rec in read_records(p):
+                done.add(rec["reverify"]["input_line"])
+    write_json(paths.run, {"input": str(options.input), "agent": options.agent, "started_at": time.time()})
+    return done
+
+
+class Rescorer:
+    """Feeds the input's lines to their environments, at most `concurrency` at once, and appends
+    the finished lines in batches."""
+
+    def __init__(self, options: ReverifyOptions, envs: dict[str, Environment | str], done: set[int]):
+        self.options, self.envs, self.done = options, envs, done
+        self.window = asyncio.Semaphore(options.concurrency)
+        self.stop = asyncio.Event()
+        self.live: dict[str, Live] = defaultdict(Live)
+        self.good: list[bytes] = []
+        self.bad: list[bytes] = []
+        self.written = 0
+
+    async def run(self, ok: Journal, failures: Journal, on_batch) -> None:
+        running: set[asyncio.Task] = set()
+        last_flush = time.monotonic()
+
+        def flush() -> None:
+            ok.write(self.good)
+            failures.write(self.bad)
+            self.good, self.bad = [], []
+            on_batch(self.live)
+
+        try:
+            for item in read_stored(self.options.input, self.options.agent):
+                if not isinstance(item, Stored) or item.line in self.done:
+                    continue
+                await self.window.acquire()
+                if self.stop.is_set():
+                    self.window.release()
+                    break
+                task = asyncio.create_task(self._one(item))
+                running.add(task)
+                task.add_done_callback(running.discard)
+                if len(self.good) + len(self.bad) >= 256 or time.monotonic() - last_flush >= 0.5:
+                    flush()
+                    last_flush = time.monotonic()
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            flush()
+
+    async def _one(self, item: Stored) -> None:
+        try:
+            text, verdict = await one_line(self.envs[item.agent], item)
+        finally:
+            self.window.release()
+        live = self.live[item.agent]
+        live.done += 1
+        self.written += 1
+        if verdict is not None:
+            self.good.append(text)
+            live.reward_sum += verdict.reward
+            live.rewarded += 1
+        else:
+            live.failed += 1
+            self.bad.append(text)
+
+
+def resolve_envs(names: list[str], settings: Settings, agent: Optional[str]) -> dict[str, Environment | str]:
+    """Each agent's environment, or the reason it has none (its lines go to the failures file).
+    The environment --agent names, or the only one the input needs, failing fails the run instead,
+    before anything is written (UnknownAgent: exit 5, ConfigError: 2)."""
+    envs: dict[str, Environment | str] = {}
+    errors: list[FarmError] = []
+    for name in names:
+        try:
+            envs[name] = environment_for(name, settings)
+        except FarmError as exc:
+            errors.append(exc)
+            envs[name] = f"no environment for agent {name!r}: {exc}"
+    if errors and (agent is not None or not any(isinstance(e, Environment) for e in envs.values())):
+        raise errors[0]
+    return envs
+
+
+async def _set_up(envs: dict[str, Environment | str], agent: Optional[str]) -> None:
+    """Each environment's setup (its CPU pool started); one that fails has its lines reported."""
+    for name, env in envs.items():
+        if isinstance(env, Environment):
+            try:
+                await env.setup()
+            except Exception as exc:  # noqa: BLE001 - an environment's setup failing is reported per agent
+                why = f"environment of agent {name!r} failed to set up: {type(exc).__name__}: {exc}"
+                if agent is not None:
+                    raise ConfigError(why) from None
+                envs[name] = why
+    for reason in envs.values():
+        if isinstance(reason, str):
+            log.warning("%s; its lines go to the failures file", reason)
+
+
+async def _close(envs: dict[str, Environment | str]) -> None:
+    for env in envs.values():
+        if isinstance(env, Environment):
+            try:
+                await env.aclose()
+            except Exception as exc:  # noqa: BLE001 - closing must not hide the run's result
+                log.warning("environment %s did not close cleanly: %s", env.name, exc)
+
+
+def run_reverify(settings: Settings, options: ReverifyOptions) -> dict[str, Any]:
+    """Score the input's rollouts again into the output; returns a summary (exit_code, agents, ...)."""
+    if options.concurrency < 1:
+        raise ConfigError("--concurrency must be >= 1")
+    paths = Paths.for_output(options.output)
+    work = plan(options)
+    envs = resolve_envs(sorted(work.totals), settings, options.agent)
+    done = prepare_files(options, paths)
+    already: dict[str, int] = defaultdict(int)
+    for p in (paths.journal, paths.failures):
+        for rec in read_records(p):
+            already[rec["agent"] if options.agent is None else options.agent] += 1
+    start = time.perf_counter()
+    with ExitStack() as stack:
+        update = stack.enter_context(
+            live_progress(options.progress, dict(work.totals), already, every_s=options.progress_every_s)
+        )
+        ok, failures = Journal(paths.journal), Journal(paths.failures)
+        stack.callback(failures.close)
+        stack.callback(ok.close)
+
+        async def main() -> Rescorer:
+            r = Rescorer(options, envs, done)
+            try:
+                await _set_up(envs, options.agent)
+                with _sigint_as_flag(r.stop, asyncio.get_running_loop()):
+                    await r.run(ok, failures, update)
+            finally:
+                await _close(envs)
+            return r
+
+        rescorer = asyncio.run(main())
+    wall = time.perf_counter() - start
+    interrupted = rescorer.stop.is_set()
+    agents = summarize(paths, options.agent)
+    expected = sum(work.totals.values())
+    summary = {
+        "input": str(options.input),
+        "output": str(paths.output),
+        "lines": expected,
+        "skipped_lines": work.bad_count,
+        "written_now": rescorer.written,
+        "already_done": len(done),
+        "wall_s": wall,
+        "rollouts_per_s": rescorer.written / wall if wall > 0 else 0.0,
+        "complete": not interrupted,
+        "agents": agents,
+    }
+    write_json(paths.metrics, summary)
+    if options.progress:
+        print(render(agents, title=f"farm reverify: {rescorer.written:,} rollouts in {wall:,.1f}s"), file=sys.stderr)
+    not_scored = sum(a["failed"] + a["unknown_environment"] for a in agents.values())
+    if interrupted:
+        print(
+            f"interrupted: {len(done) + rescorer.written:,} of {expected:,} lines written; "
+            "run again with --resume to complete",
+            file=sys.stderr,
+        )
+    elif not_scored:
+        print(f"{not_scored:,} rollout(s) not re-scored: their reasons are in {paths.failures}", file=sys.stderr)
+    summary["exit_code"] = EXIT_INTERRUPTED if interrupted else EXIT_FAILED if not_scored else EXIT_OK
+    return summary
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+def summarize(paths: Paths, agent: Optional[str] = None) -> dict[str, dict[str, Any]]:
+    """Per agent, from the output files (so a resumed run reports all of it): lines, re-scored,
+    rewards changed, not re-scored by reason, lines without a recorded version, the versions
+    before and after, and the mean reward before and after over the re-scored lines."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in (paths.journal, paths.failures):
+        for rec in read_records(p):
+            name = agent or rec["agent"]
+            a = out.setdefault(
+                name,
+                {
+                    "lines": 0,
+                    "rescored": 0,
+                    "changed": 0,
+                    "failed": 0,
+                    "no_answer": 0,
+                    "unknown_environment": 0,
+                    "unversioned": 0,
+                    "versions_before": Counter(),
+                    "version_after": "",
+                    "_before": 0.0,
+                    "_after": 0.0,
+                    "_both": 0,
+                },
+            )
+            meta = rec["reverify"]
+            a["lines"] += 1
+            a["versions_before"][rec["verifier_version_before"] or "-"] += 1
+            a["unversioned"] += not rec["verifier_version_before"]
+            outcome = meta["outcome"]
+            if outcome == "rescored":
+                a["rescored"] += 1
+                a["changed"] += bool(meta["changed"])
+                a["version_after"] = rec["rollout"]["verifier_version"]
+                old = _reward(rec["reward_before"])
+                if old is not None:
+                    a["_before"] += old
+                    a["_after"] += rec["rollout"]["reward"]
+                    a["_both"] += 1
+            elif outcome in ("no_answer", "unknown_environment"):
+                a[outcome] += 1
+            else:
+                a["failed"] += 1
+    for a in out.values():
+        n = a.pop("_both")
+        before, after = a.pop("_before"), a.pop("_after")
+        a["mean_reward_before"] = before / n if n else None
+        a["mean_reward_after"] = after / n if n else None
+        a["versions_before"] = dict(a["versions_before"])
+    return dict(sorted(out.items()))
+
+
+def render(agents: dict[str, dict[str, Any]], title: str = "") -> str:
+    """The per-agent table: how many rewards changed, and the mean reward before and after."""
+
+    def mean(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    head = (
+        f"{'agent':<20} {'lines':>7} {'rescored':>8} {'changed':>7} {'not':>5} {'version':>12} "
+        f"{'before':>7} {'after':>7}"
+    )
+    lines = [title, head] if title else [head]
+    for name, a in agents.items():
+        before = "/".join(sorted(a["versions_before"]))
+        version = f"{before}->{a['version_after'] or '?'}"
+        lines.append(
+            f"{name[:20]:<20} {a['lines']:>7,} {a['rescored']:>8,} {a['changed']:>7,} "
+            f"{a['failed'] + a['no_answer'] + a['unknown_environment']:>5,} {version[:12]:>12} "
+            f"{mean(a['mean_reward_before']):>7} {mean(a['mean_reward_after']):>7}"
+        )
+    notes = []
+    for name, a in agents.items():
+        if a["unversioned"]:
+            notes.append(f"{name}: {a['unversioned']:,} line(s) recorded no verifier_version (scored before versions)")
+        if a["unknown_environment"]:
+            notes.append(f"{name}: {a['unknown_environment']:,} line(s) not re-scored: the environment is unknown")
+        if a["failed"]:
+            notes.append(f"{name}: {a['failed']:,} line(s) whose verifier failed (a verifier or malformed failure)")
+        if a["no_answer"]:
+            notes.append(f"{name}: {a['no_answer']:,} stored rollout(s) without an answer (failed or cancelled)")
+    return "\n".join(lines + notes)
