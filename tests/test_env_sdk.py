@@ -265,6 +265,7 @@ def test_failure_kinds_are_one_enum_on_the_wire():
 ENVS = [
     "code_gen",
     "instruction_following",
+    "llm_judge",
     "math",
     "mcqa",
     "reasoning_gym",
