@@ -15,8 +15,10 @@ Open tasks. So that a cancel can say which of its ids were still queued or runni
 records every task it submits in `{ns}:open` (task id, scored by submit time) and counts them per
 run in `{ns}:open_runs`, in the pipeline that adds the tasks; the settle script removes both when
 it settles the task. An id that is not open is unknown or already settled: cancelling it is a
-no-op that says so. Records older than `OPEN_MAX_AGE_S` (a task whose stream was deleted) are
-dropped at the next submit.
+no-op that says so. An id (or run) whose cancel is still recorded (sent within `cancel_ttl_s`) is
+reported as already cancelled, whether or not its task has settled yet: the first cancel stands.
+Records older than `OPEN_MAX_AGE_S` (a task whose stream was deleted) are dropped at the next
+submit.
 """
 
 from __future__ import annotations
@@ -40,15 +42,19 @@ OnCancel = Callable[[set[str], set[str]], None]  # (task ids, run ids) just canc
 @dataclass
 class CancelReport:
     """What one cancel call did: `open` ids were queued or running (each now ends in one
-    `cancelled` rollout, or its own rollout when it was finishing at that moment); `not_open`
-    ids were unknown or already settled (nothing to stop). For a run, `open_count` is how many of
-    its tasks were open; `run_known` is False for a run never seen (then nothing was recorded)."""
+    `cancelled` rollout, or its own rollout when it was finishing at that moment);
+    `already_cancelled` ids had a cancel sent before (within cancel_ttl_s; that one stands);
+    `not_open` ids were unknown or already settled (nothing to stop). For a run, `open_count` is
+    how many of its tasks were open; `run_known` is False for a run never seen (then nothing was
+    recorded); `run_already_cancelled` says its cancel had been sent before."""
 
     open: list[str] = field(default_factory=list)
     not_open: list[str] = field(default_factory=list)
+    already_cancelled: list[str] = field(default_factory=list)
     run_id: Optional[str] = None
     open_count: int = 0
     run_known: bool = True
+    run_already_cancelled: bool = False
     drained: int = 0  # of open_count, tasks still queued, answered `cancelled` at once (farm.fairness)
 
     def line(self) -> str:
@@ -56,16 +62,28 @@ class CancelReport:
         if self.run_id is not None:
             if not self.run_known:
                 return f"run {self.run_id} does not exist here (no tasks, no results): nothing cancelled"
+            if not self.open_count and self.run_already_cancelled:
+                return f"run {self.run_id} was already cancelled: nothing more to cancel"
             if not self.open_count:
                 return (
                     f"run {self.run_id} has no queued or running tasks (unknown, or every task settled): "
                     "nothing to cancel"
                 )
             drained = f" ({self.drained} still queued, answered at once)" if self.drained else ""
+            if self.run_already_cancelled:
+                return (
+                    f"run {self.run_id} was already cancelled: {self.open_count} queued or running tasks "
+                    f"still end as `cancelled`{drained}"
+                )
             return f"cancelled run {self.run_id}: {self.open_count} queued or running tasks end as `cancelled`{drained}"
         parts = []
         if self.open:
             parts.append(f"cancelled {len(self.open)} queued or running tasks")
+        if self.already_cancelled:
+            parts.append(
+                f"{len(self.already_cancelled)} already cancelled (a cancel was sent before; "
+                f"e.g. {self.already_cancelled[0]})"
+            )
         if self.not_open:
             parts.append(
                 f"{len(self.not_open)} unknown or already finished (nothing to cancel; e.g. {self.not_open[0]})"
@@ -91,41 +109,52 @@ def task_ids(tasks: Iterable[Any]) -> list[str]:
     return list(out)
 
 
-async def send(r: Any, keys: Keys, ids: list[str], ttl_s: float) -> list[bool]:
-    """Record and announce cancels of these task ids; returns, per id, whether it was open."""
+OPEN, ALREADY, NOT_OPEN = "open", "already_cancelled", "not_open"  # what send says of each id
+
+
+async def send(r: Any, keys: Keys, ids: list[str], ttl_s: float) -> list[str]:
+    """Record and announce cancels of these task ids; returns, per id, ALREADY when a cancel of
+    it was still recorded, else OPEN or NOT_OPEN (queued or running, or not)."""
     now = time.time()
     expires = now + ttl_s
-    opened: list[bool] = []
+    states: list[str] = []
     for i in range(0, len(ids), CHUNK):
         chunk = ids[i : i + CHUNK]
         pipe = r.pipeline(transaction=True)
         pipe.zmscore(keys.open_tasks(), chunk)
+        pipe.zmscore(keys.cancel_tasks(), chunk)
         pipe.zadd(keys.cancel_tasks(), {tid: expires for tid in chunk})
         pipe.zremrangebyscore(keys.cancel_tasks(), "-inf", now)
         pipe.publish(keys.cancel_events(), " ".join(["task", f"{expires:.3f}", *chunk]))
-        scores, *_ = await pipe.execute()
-        opened += [s is not None for s in scores]
-    return opened
+        opened, before, *_ = await pipe.execute()
+        for was_open, until in zip(opened, before):
+            if until is not None and float(until) > now:
+                states.append(ALREADY)
+            else:
+                states.append(OPEN if was_open is not None else NOT_OPEN)
+    return states
 
 
-async def send_run(r: Any, keys: Keys, run_id: str, ttl_s: float) -> Optional[int]:
+async def send_run(r: Any, keys: Keys, run_id: str, ttl_s: float) -> tuple[Optional[int], bool]:
     """Record and announce a run's cancel; returns how many of its tasks were open, or None (and
-    records nothing) for a run this namespace has never seen: no open task and no result stream."""
+    records nothing) for a run this namespace has never seen: no open task and no result stream;
+    and whether a cancel of the run was still recorded."""
     pipe = r.pipeline(transaction=False)
     pipe.hget(keys.open_runs(), run_id)
     pipe.exists(keys.results(run_id))
     count, seen = await pipe.execute()
     if count is None and not seen:
-        return None
+        return None, False
     now = time.time()
     expires = now + ttl_s
     pipe = r.pipeline(transaction=True)
     pipe.hget(keys.open_runs(), run_id)
+    pipe.zscore(keys.cancel_runs(), run_id)
     pipe.zadd(keys.cancel_runs(), {run_id: expires})
     pipe.zremrangebyscore(keys.cancel_runs(), "-inf", now)
     pipe.publish(keys.cancel_events(), f"run {expires:.3f} {run_id}")
-    count, *_ = await pipe.execute()
-    return max(0, int(count or 0))
+    count, before, *_ = await pipe.execute()
+    return max(0, int(count or 0)), before is not None and float(before) > now
 
 
 class Cancels(ChannelWatch):

@@ -343,16 +343,17 @@ class FarmClient:
     async def cancel(self, tasks: Iterable[Task | str]) -> CancelReport:
         """Cancel tasks (Task objects or ids): a queued one is never run, a running one is stopped at
         once (its model request closed, its verifier killed); each ends in one `cancelled` rollout
-        on its run's result stream. Ids that are unknown or already settled are reported, not an error."""
+        on its run's result stream. Ids that are unknown or already settled, and ids already cancelled
+        (within cancel_ttl_s), are reported, not an error."""
         ids = cancel.task_ids(tasks)
         if not ids:
             return CancelReport()
-        opened = await self.outage.call(
+        states = await self.outage.call(
             lambda: cancel.send(self.r, self.keys, ids, self.settings.cancel_ttl_s), "sending cancels"
         )
         report = CancelReport()
-        for tid, was_open in zip(ids, opened):
-            (report.open if was_open else report.not_open).append(tid)
+        for tid, state in zip(ids, states):
+            getattr(report, state).append(tid)
         log.debug("cancel: %s", report.line())
         return report
 
@@ -364,10 +365,12 @@ class FarmClient:
             check_name(run_id, "run id")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        count = await self.outage.call(
+        count, already = await self.outage.call(
             lambda: cancel.send_run(self.r, self.keys, run_id, self.settings.cancel_ttl_s), "sending a run's cancel"
         )
-        report = CancelReport(run_id=run_id, open_count=count or 0, run_known=count is not None)
+        report = CancelReport(
+            run_id=run_id, open_count=count or 0, run_known=count is not None, run_already_cancelled=already
+        )
         if count:
             report.drained = await self.outage.call(lambda: self._drain(run_id), "cancelling a run's queued tasks")
         log.debug("cancel: %s", report.line())

@@ -140,6 +140,33 @@ async def test_cancelling_unknown_or_finished_tasks_is_a_noop_that_says_so(setti
     assert stats == {"done": 3}
 
 
+async def test_a_second_cancel_says_already_cancelled_not_unknown(settings, sync_redis):
+    """Cancelling a cancelled task again (before or after it settled) reports it as already
+    cancelled, not as unknown or finished; the same for a run."""
+    client = FarmClient(settings)
+    tasks = [client.task(run_id="twice", agent="noop", row=noop_row(i, sleep_s=60)) for i in range(2)]
+    await client.submit(tasks)
+    first = await client.cancel(tasks[:1])
+    assert first.open == [tasks[0].task_id] and first.already_cancelled == []
+    queued = await client.cancel([tasks[0], "e" * 32])  # not settled yet: no worker
+    assert queued.open == [] and queued.already_cancelled == [tasks[0].task_id] and queued.not_open == ["e" * 32]
+    assert queued.line() == (
+        f"1 already cancelled (a cancel was sent before; e.g. {tasks[0].task_id}); "
+        f"1 unknown or already finished (nothing to cancel; e.g. {'e' * 32})"
+    )
+    async with in_process_worker(settings, concurrency=4):
+        got = await client.collect(tasks[:1], timeout_s=10)
+        assert got[tasks[0].task_id].status is Status.cancelled
+        settled = await client.cancel(tasks[:1])
+        assert settled.already_cancelled == [tasks[0].task_id] and settled.not_open == []
+        assert (await client.cancel_run("twice")).open_count == 1
+        await client.collect(tasks[1:], timeout_s=10)
+    again = await client.cancel_run("twice")
+    assert again.run_known and again.run_already_cancelled and again.open_count == 0
+    assert again.line() == "run twice was already cancelled: nothing more to cancel"
+    await client.aclose()
+
+
 async def test_a_cancel_racing_the_settle_yields_exactly_one_rollout(settings, sync_redis):
     """400 short tasks, each cancelled at a random moment around its end: every task gets one
     rollout, `ok` or `cancelled`, never both, and the stats count each once."""
@@ -251,6 +278,11 @@ def test_farm_cancel_says_what_it_did_in_one_line_with_the_right_exit_code(redis
         0,
         "cancelled run cli-run: 3 queued or running tasks end as `cancelled` (2 still queued, answered at once)",
     )
+    code, out = farm(tasks[0].task_id)
+    assert (code, out) == (0, f"1 already cancelled (a cancel was sent before; e.g. {tasks[0].task_id})")
+    code, out = farm("--run", "cli-run")
+    # The task in the stream waits for a worker (none here) to settle it.
+    assert (code, out) == (0, "run cli-run was already cancelled: 1 queued or running tasks still end as `cancelled`")
     code, out = farm("--run", "nope")
     assert code == 6 and out.startswith("farm: run nope does not exist here") and out.count("\n") == 0, out
     code, out = farm("--run", "bad id!")

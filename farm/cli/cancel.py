@@ -1,9 +1,10 @@
 """`farm cancel TASK_ID...` and `farm cancel --run RUN_ID`: stop work nobody needs any more.
 
 A queued task is never run and a running one is stopped at once; each ends in one `cancelled`
-rollout on its run's result stream (farm.cancel). Ids that are unknown or already finished are a
-no-op that says so (exit 0); a run this namespace has never seen exits 6; a malformed id exits 2
-and Redis being unreachable 3, as every command does.
+rollout on its run's result stream (farm.cancel). Ids (or a run) already cancelled within
+cancel_ttl_s, and ids that are unknown or already finished, are a no-op that says which (exit 0);
+a run this namespace has never seen exits 6; a malformed id exits 2 and Redis being unreachable 3,
+as every command does.
 """
 
 from __future__ import annotations

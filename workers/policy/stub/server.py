@@ -169,6 +169,7 @@ class HttpProtocol(asyncio.Protocol):
             )
             self.waiting[self.next_id] = (timer, time.time())
             st.pending += 1
+            st.stats["max_pending"] = max(st.stats["max_pending"], st.pending)  # the most at once (/stats)
         else:
             self._send(404, {"error": f"no route {method} {path}"})
 
