@@ -12,8 +12,8 @@ verifier that reads the state, e.g. which cities were looked up, sees what the w
 and the transcript is rebuilt from the output items (the final text is the last assistant
 message; a harness's own grade comes back from `metrics.reported_reward`). Then the worker's
 own verify step (workers/loops/env_calls.verify) runs: the environment's `verify`, its CPU pool
-and judges included, under its `verify_timeout_s`; a verifier that raises is a recorded
-failure, never a 0. Nothing here builds a policy client.
+and the judges the settings name (`ctx.judge`) included, under its `verify_timeout_s`; a
+verifier that raises is a recorded failure, never a 0. Nothing here builds a policy client.
 
 Each output line is the input line with the new reward, components and verifier_version in
 `rollout`, the old ones beside it (`reward_before`, `reward_components_before`,
@@ -50,7 +50,8 @@ from farm.settings import Settings
 from producer.collect import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, _sigint_as_flag
 from producer.output import BadLine, InputError, Journal, Paths, read_json, read_records, repair_tail, write_json
 from producer.progress import Live, live_progress
-from workers.loops.env_calls import call_tool, read_row, verify
+from workers.loops.env_calls import call_tool, close_judges, read_row, verify
+from workers.policy.judges import install as install_judges
 
 __all__ = ["ReverifyOptions", "render", "rescore", "run_reverify", "transcript_of"]
 
@@ -417,12 +418,14 @@ def run_reverify(settings: Settings, options: ReverifyOptions) -> dict[str, Any]
 
         async def main() -> Rescorer:
             r = Rescorer(options, envs, done)
+            install_judges(settings)  # `ctx.judge` in a verifier asks the judges the settings name, as in a worker
             try:
                 await _set_up(envs, options.agent)
                 with _sigint_as_flag(r.stop, asyncio.get_running_loop()):
                     await r.run(ok, failures, update)
             finally:
                 await _close(envs)
+                await close_judges()
             return r
 
         rescorer = asyncio.run(main())
