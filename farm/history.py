@@ -101,8 +101,8 @@ def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float
     run = rollout.run_id
     if rollout.ok:
         outcome = "done"
-    elif rollout.status == "cancelled":
-        outcome = "cancelled"
+    elif rollout.status == "cancelled" or rollout.status == "interrupted":
+        outcome = str(rollout.status)
     else:
         outcome = "failed"
         kind = rollout.error.kind if rollout.error is not None else "unknown"

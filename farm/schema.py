@@ -28,7 +28,7 @@ from farm.keys import text
 
 __all__ = ["SCHEMA_VERSION", "MAX_ENTRY_BYTES", "AgentRef", "Attempt", "Rollout", "RolloutError", "Sampling"]
 __all__ += ["Status", "Task", "Timings", "TokenTrace", "decode_rollout", "decode_task", "decode_task_body", "encode"]
-__all__ += ["entry", "pack_f32", "pack_i32", "salvage", "salvaged_failure", "unpack_f32", "unpack_i32"]
+__all__ += ["Partial", "entry", "pack_f32", "pack_i32", "salvage", "salvaged_failure", "unpack_f32", "unpack_i32"]
 
 
 SCHEMA_VERSION = 1
@@ -43,6 +43,9 @@ class Status(str, Enum):
     truncated = "truncated"
     failed = "failed"
     cancelled = "cancelled"  # a client cancelled it (farm.cancel); carries an error of kind `cancelled`
+    # A client interrupted it (farm.cancel, mode interrupt): what was generated so far is in
+    # `Rollout.partial`, for `FarmClient.resume` to go on from; never trained on as it is.
+    interrupted = "interrupted"
 
 
 def pack_i32(values: Iterable[int]) -> bytes:
@@ -116,6 +119,8 @@ class Task(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The attempts that failed before this one, oldest first (a worker appends one as it retries the
     # task or dead-letters it; at most max_attempts are kept). Absent in entries older than it.
     history: list[Attempt] = []
+    # A continuation of an interrupted rollout (FarmClient.resume): where it stopped.
+    resume: Optional[Partial] = None
 
     def __post_init__(self) -> None:
         if self.attempt < 1:
@@ -166,6 +171,10 @@ class TokenTrace(msgspec.Struct, forbid_unknown_fields=True):
     logprobs: bytes = b""
     env_mask: bytes = b""
     turns: list[tuple[int, int]] = []
+    # The policy version that produced each completion token (int32, as packed; the version current
+    # when an inserted token was added): a rollout resumed after weight updates mixes versions, and the
+    # trainer corrects (and may mask) per token. Empty: every token is the rollout's policy_version.
+    versions: bytes = b""
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) % 4 or len(self.completion_ids) % 4 or len(self.logprobs) % 4:
@@ -175,6 +184,8 @@ class TokenTrace(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError(f"{len(self.logprobs) // 4} logprobs for {n} completion tokens")
         if len(self.env_mask) != n:
             raise ValueError(f"env_mask has {len(self.env_mask)} entries for {n} completion tokens")
+        if self.versions and len(self.versions) != 4 * n:
+            raise ValueError(f"versions has {len(self.versions) // 4} entries for {n} completion tokens")
 
     @classmethod
     def build(
@@ -198,6 +209,34 @@ class TokenTrace(msgspec.Struct, forbid_unknown_fields=True):
 
     def mask(self) -> list[int]:
         return list(self.env_mask)
+
+    def token_versions(self, default: int) -> array:
+        """The policy version of each completion token (`default` for all when none were recorded)."""
+        if self.versions:
+            return unpack_i32(self.versions)
+        return array("i", [default]) * (len(self.completion_ids) // 4)
+
+
+class Partial(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where an interrupted rollout stopped: enough for a continuation task to go on token-exactly.
+
+    `trace` holds the prompt and every completion token so far with its logprob and version; its
+    last `open_turn` completion ids are the turn that was being sampled when it stopped (continued,
+    not re-sampled). `output`, `tool_calls` and `metrics` are the loop's record so far (the tool
+    calls are run again on resume to rebuild the environment's state, and must answer as before).
+    `model` is the served model that sampled it: a resume on another model is refused."""
+
+    trace: TokenTrace
+    open_turn: int = 0
+    steps: int = 0  # model turns completed before the open one
+    messages: list[dict[str, Any]] = []  # the conversation as the chat template renders it
+    output: list[dict[str, Any]] = []
+    tool_calls: list[dict[str, Any]] = []
+    followups_left: int = 0
+    metrics: dict[str, Any] = {}
+    model: str = ""
+    resumes: int = 0  # how many times this rollout was interrupted and resumed before
+    origin: str = ""  # the first task's id of the chain
 
 
 class RolloutError(msgspec.Struct, forbid_unknown_fields=True):
@@ -245,6 +284,8 @@ class Rollout(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The version of the verifier that gave `reward` (the environment's `verifier_version`): a
     # re-scoring (`farm reverify`) knows which rollouts an improved verifier would score differently.
     verifier_version: str = ""
+    # An interrupted rollout's state (status `interrupted`; None when it had not started).
+    partial: Optional[Partial] = None
 
     def __post_init__(self) -> None:
         if self.status in (Status.failed, Status.cancelled) and self.error is None:

@@ -267,7 +267,7 @@ def requeue(*, dead: str, stream: str, letters: Iterable[tuple[Any, Any, Any]]) 
 
 # What a settle makes of its task once the script settled it: the stats field the script
 # increments, and the worker counter of the same name the Settler moves.
-Outcome = Literal["done", "failed", "dead", "retried", "cancelled"]
+Outcome = Literal["done", "failed", "dead", "retried", "cancelled", "interrupted"]
 
 
 class HistoryCount(msgspec.Struct, frozen=True, kw_only=True):

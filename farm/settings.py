@@ -170,6 +170,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # tokens: token-in/token-out against vLLM's /v1/completions (trainable traces);
     # chat / responses: any OpenAI-compatible server through the openai client (text only, not trainable).
     policy_kind: Literal["tokens", "chat", "responses"] = "tokens"
+    policy_stream: bool = False  # tokens backend: stream completions, so an interrupted rollout keeps its tokens
     policy_api_key: Optional[str] = None  # file or FARM_POLICY_API_KEY; OPENAI_API_KEY for chat/responses
     dashboard_token: Optional[str] = (
         None  # FARM_DASHBOARD_TOKEN or `farm dashboard --token-file`: enables requeue/purge

@@ -279,6 +279,10 @@ class AgentStream:
             return self.settle_op(
                 entry_id, "cancelled", "cancelled", appends, reply_to=reply_to, bucket=bucket, ids=ids
             )
+        if rollout.status is schema.Status.interrupted:
+            return self.settle_op(
+                entry_id, "interrupted", "interrupted", appends, reply_to=reply_to, bucket=bucket, ids=ids
+            )
         kind = str(rollout.error.kind) if rollout.error is not None else "unknown"
         return self.settle_op(entry_id, "failed", kind, appends, reply_to=reply_to, bucket=bucket, ids=ids)
 

@@ -21,6 +21,9 @@ class AgentContext:
     settings: Settings
     versions: Optional[PolicyVersions] = None  # the served policy version, watched once per process
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("farm.agent"))
+    # Tasks a client interrupted (farm.cancel): an agent whose run is cancelled while its task id is
+    # here returns an `interrupted` rollout with what it generated so far instead of being cancelled.
+    interrupts: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         """The worker makes one context per process: its judges (`judges:` in the settings) are the

@@ -21,6 +21,7 @@ request. Replicas are chosen by the rotation from the rollout's `Session`, made 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -29,6 +30,7 @@ from envs.sdk import AgentSettings, Environment, Tool, Transcript
 from farm.schema import Rollout, Task, Timings
 from workers.loops.context import AgentContext
 from workers.loops.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
+from workers.loops.partial import interrupted_rollout, resume_episode
 from workers.policy.chat import ChatTokenizer, chat_tools
 from workers.policy.protocol import Call, ContextOverflow, Conversation, Policy, Session, Turn
 from workers.policy.token_policy import CompletionClient, TokenPolicy
@@ -83,11 +85,17 @@ class AgentLoop(EnvironmentAgent):
         await self.policy.wait_ready()
 
     async def run(self, task: Task, ctx: AgentContext) -> Rollout:
-        """One rollout: sample a turn, answer its tool calls (or the row's next user turn), until done."""
+        """One rollout: sample a turn, answer its tool calls (or the row's next user turn), until done.
+        A continuation (`task.resume`) goes on from where its interrupted rollout stopped; a run
+        cancelled by an interrupt (`ctx.interrupts`) returns what it generated so far."""
         ep = self._start(task)
         mark = ctx.versions.mark() if ctx.versions is not None else None
+        if hasattr(ep.convo, "version_of"):
+            ep.convo.version_of = lambda: _live_version(ctx, task)
         try:
-            for step in range(self.settings.max_steps):
+            if task.resume is not None:
+                await resume_episode(self, ep, task.resume, _model(ctx))
+            for step in range(ep.metrics["turns"], self.settings.max_steps):
                 turn = await self._model_turn(ep, step)
                 if turn is None:
                     break
@@ -96,6 +104,12 @@ class AgentLoop(EnvironmentAgent):
                     ep.metrics["hit_max_steps"] = bool(new)
                     break
                 ep.convo.extend(new)
+        except asyncio.CancelledError:
+            if task.task_id not in ctx.interrupts:
+                raise
+            ctx.interrupts.discard(task.task_id)
+            _swallow_cancel()
+            return interrupted_rollout(ep, task, _model(ctx))
         finally:
             ep.session.end()  # the replica stops counting this rollout (group placement's load)
         versions = ctx.versions.span(mark) if mark is not None and ctx.versions is not None else (None, None)
@@ -174,3 +188,21 @@ class AgentLoop(EnvironmentAgent):
             rollout.policy_version = start
         rollout.policy_version_end = end
         return rollout
+
+
+def _live_version(ctx: AgentContext, task: Task) -> int:
+    """The policy version served now (the task's when no trainer announces versions)."""
+    live = ctx.versions.live if ctx.versions is not None else None
+    return task.policy_version if live is None else live
+
+
+def _swallow_cancel() -> None:
+    """An interrupt is answered, not propagated: the run's task returns its rollout."""
+    me = asyncio.current_task()
+    if me is not None:
+        me.uncancel()
+
+
+def _model(ctx: AgentContext) -> str:
+    """The served model's name, which a partial rollout records and a resume checks."""
+    return getattr(ctx.settings, "policy_model", "") or ""

@@ -28,10 +28,16 @@ class PolicyConfig:
     routing: Literal["group", "least_outstanding"] = "group"  # how new rollouts are placed (rotation.py)
     spill_ratio: float = 1.5  # a group's samples leave its crowded home beyond this x the mean load
     route_headers: dict[str, str] = field(default_factory=dict)  # header -> "group" | "session", for routers
+    # In-flight limits per replica from its /metrics (workers/policy/load.py); off: no limits.
+    adaptive_load: bool = False
+    load_poll_s: float = 0.5  # how often each replica's /metrics is read while requests are in flight
+    load_floor: int = 4  # a replica's limit never drops below this
+    load_kv_high: float = 0.9  # no growth while the replica's KV cache is this full
     extra: dict[str, Any] = field(default_factory=dict)  # extra request fields for every call
     # The openai-client backend only: its key (never printed) and the client's own retries.
     api_key: Optional[str] = field(default=None, repr=False)
     max_retries: int = 4
+    stream: bool = False  # the tokens backend streams completions (policy_stream: partial rollouts keep them)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PolicyConfig:
@@ -46,4 +52,9 @@ class PolicyConfig:
             routing=settings.policy_routing,
             spill_ratio=settings.policy_spill_ratio,
             route_headers=dict(settings.policy_route_headers),
+            adaptive_load=getattr(settings, "policy_adaptive_load", False),
+            load_poll_s=getattr(settings, "policy_load_poll_s", 0.5),
+            load_floor=getattr(settings, "policy_load_floor", 4),
+            load_kv_high=getattr(settings, "policy_load_kv_high", 0.9),
+            stream=settings.policy_stream,
         )

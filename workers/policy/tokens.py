@@ -41,8 +41,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import aiohttp
 import aiohttp.payload
@@ -61,6 +61,7 @@ __all__ = [
     "PolicyRejected",
     "PolicyUnavailable",
     "Session",
+    "Sink",
     "retry_after_s",
 ]
 
@@ -89,6 +90,29 @@ class _CompletionBody(msgspec.Struct):
 
 
 _completion_decoder = msgspec.json.Decoder(_CompletionBody)
+
+
+class _StreamChunk(msgspec.Struct):
+    choices: list[_Choice]
+
+
+_chunk_decoder = msgspec.json.Decoder(_StreamChunk)
+
+
+@dataclass
+class Sink:
+    """Where a streamed completion's tokens land as they arrive: what an interrupted turn had
+    generated when it stopped (workers/policy/token_policy.py keeps it; a retry starts it over)."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version current as each id arrived
+    stamp: Callable[[], int] = lambda: 0  # that version, read once per event
+
+    def clear(self) -> None:
+        self.ids.clear()
+        self.logprobs.clear()
+        self.versions.clear()
 
 
 @dataclass
@@ -162,8 +186,17 @@ class PolicyClient:
         return None
 
     # -- requests ----------------------------------------------------------------------
-    async def complete(self, prompt_ids: list[int], sampling: dict[str, Any], session: Session) -> Completion:
-        data = self._request_body(prompt_ids, sampling)
+    @property
+    def streams(self) -> bool:
+        """Whether completions are streamed into a Sink (policy_stream): what an interrupt keeps."""
+        return self.config.stream
+
+    async def complete(
+        self, prompt_ids: list[int], sampling: dict[str, Any], session: Session, sink: Optional[Sink] = None
+    ) -> Completion:
+        """One completion. With a `sink` it is streamed, and the sink holds every token received so
+        far whenever the call is cancelled (each retry starts it over)."""
+        data = self._request_body(prompt_ids, {**sampling, "stream": True} if sink is not None else sampling)
         cfg = self.config
         self.rotation.ensure_monitor()
         deadline = time.monotonic() + cfg.retry_budget_s
@@ -175,12 +208,7 @@ class PolicyClient:
             replica.outstanding += 1
             start = time.perf_counter()
             try:
-                payload = aiohttp.payload.BytesPayload(data, content_type="application/json")
-                async with self._session(replica).post(
-                    f"{replica.url}/v1/completions", data=payload, headers=self.rotation.headers(session)
-                ) as resp:
-                    status, raw = resp.status, await resp.read()
-                    retry_after = resp.headers.get("Retry-After")
+                status, raw, retry_after, streamed = await self._post(replica, data, session, sink, start)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 # A kept-alive connection the server closed as we reused it: once, retry at once.
                 last = f"{replica.url}: {type(exc).__name__}: {exc}"
@@ -209,7 +237,7 @@ class PolicyClient:
                 if status == 200:
                     self.rotation.ok(replica)
                     session.requests += 1
-                    return self._parse(raw, replica.url, time.perf_counter() - start)
+                    return streamed or self._parse(raw, replica.url, time.perf_counter() - start)
                 detail = raw[:500].decode(errors="replace")
                 last = f"{replica.url}: HTTP {status}: {detail}"
                 if status == 400 and any(s in detail.lower() for s in _OVERFLOW):
@@ -229,6 +257,52 @@ class PolicyClient:
             delay = backoff_delay(cfg.backoff_s, cfg.backoff_max_s, errors - 1)
             await asyncio.sleep(min(delay, left))
         raise self._unavailable(last)
+
+    async def _post(
+        self, replica: Replica, data: bytes, session: Session, sink: Optional[Sink], start: float
+    ) -> tuple[int, bytes, Optional[str], Optional[Completion]]:
+        """One attempt: the status, the body (empty when streamed), Retry-After, the streamed completion."""
+        if sink is not None:
+            sink.clear()
+        payload = aiohttp.payload.BytesPayload(data, content_type="application/json")
+        async with self._session(replica).post(
+            f"{replica.url}/v1/completions", data=payload, headers=self.rotation.headers(session)
+        ) as resp:
+            retry_after = resp.headers.get("Retry-After")
+            if resp.status == 200 and sink is not None:
+                return resp.status, b"", retry_after, await self._read_stream(resp, sink, replica.url, start)
+            return resp.status, await resp.read(), retry_after, None
+
+    @staticmethod
+    async def _read_stream(resp: aiohttp.ClientResponse, sink: Sink, url: str, start: float) -> Completion:
+        """A streamed completion (server-sent events, one per token or a few), each event's ids and
+        logprobs appended to `sink` as it arrives; the whole completion once `[DONE]` came."""
+        text: list[str] = []
+        finish = ""
+        async for line in resp.content:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return Completion(
+                    list(sink.ids), list(sink.logprobs), "".join(text), finish, url, time.perf_counter() - start
+                )
+            try:
+                chunk = _chunk_decoder.decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise PolicyRejected(
+                    f"{url}: unreadable stream event ({exc}): {data[:300].decode(errors='replace')}"
+                ) from None
+            for choice in chunk.choices:
+                lp = choice.logprobs
+                sink.ids.extend(
+                    int(t[9:]) if isinstance(t, str) and t.startswith(_TOKEN_PREFIX) else int(t) for t in lp.tokens
+                )
+                sink.logprobs.extend(float("nan") if x is None else x for x in lp.token_logprobs)
+                sink.versions.extend([sink.stamp()] * (len(sink.ids) - len(sink.versions)))
+                text.append(choice.text)
+                finish = choice.finish_reason or finish
+        raise aiohttp.ClientPayloadError(f"{url}: the stream ended before [DONE]")
 
     def _request_body(self, prompt_ids: list[int], sampling: dict[str, Any]) -> bytes:
         """The /v1/completions request: token ids in, token ids and their logprobs out."""
