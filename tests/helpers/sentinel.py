@@ -132,7 +132,12 @@ class SentinelCluster:
                 info = self.client(self.master()).info("replication")
                 online = sum(1 for k, v in info.items() if k.startswith("slave") and v.get("state") == "online")
                 known = all(
-                    len(redis.Redis(host="127.0.0.1", port=p, socket_timeout=1).sentinel_slaves(SERVICE)) >= n
+                    sum(
+                        1
+                        for s in redis.Redis(host="127.0.0.1", port=p, socket_timeout=1).sentinel_slaves(SERVICE)
+                        if not (s["is_sdown"] or s["is_odown"] or s["is_disconnected"])
+                    )
+                    >= n
                     for p in self.sentinels
                 )
                 if online >= n and known:
