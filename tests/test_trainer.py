@@ -14,7 +14,8 @@ import os
 import time
 
 import pytest
-from helpers.trainer import even_tokens
+from helpers.trainer import even_tokens, one_step_config, tiny_model
+from helpers.waiting import wait_for
 
 from farm.schema import Sampling
 
@@ -105,6 +106,39 @@ def test_missing_rollouts_become_deadline_failures(settings):
         rollout.close()
     assert [s.reward for s in batch.samples] == [None, None] and [s.env_mask for s in batch.samples] == [[0], [0]]
     assert batch.metrics["farm/failed/deadline"] == 2
+
+
+def test_a_training_run_carries_its_share_and_cap_to_the_farm(settings, model_dir, tmp_path, sync_redis):
+    """The config's `share` and `max_in_flight` reach the run's record in Redis (the agent's runs
+    hash, farm.fairness) through build_trainer's FarmRollout and through the async adapter."""
+    from transformers import AutoTokenizer
+
+    from trainer.async_adapter import FarmRolloutWorker
+    from trainer.train import build_trainer
+
+    cfg = one_step_config(tmp_path, model_dir, [trainer_row(0)], share=2.5, max_in_flight=3, run_id="capped")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    _, rollout, _ = build_trainer(settings, cfg, model=tiny_model(model_dir), tokenizer=tok)
+    rollout.timeout_s = 0.5  # no worker: the batch comes back at the deadline, the run's record stays
+    try:
+        rollout.generate([json.dumps(trainer_row(0))] * 2, select=False)
+    finally:
+        rollout.close()
+    runs = settings.keys.runs("noop")
+    assert sync_redis.hget(runs, "cap:capped") == b"3" and float(sync_redis.hget(runs, "share:capped")) == 2.5
+
+    worker = FarmRolloutWorker(
+        settings, [trainer_row(1)], num_generations=2, timeout_s=5, run_id="async-capped", share=0.5, max_in_flight=2
+    )
+    worker.start()
+    try:  # read while the tasks are queued: stop() cancels them and the run's record goes with them
+        wait_for(lambda: sync_redis.hget(runs, "cap:async-capped") is not None, what="the async run's record")
+        cap, share = sync_redis.hmget(runs, ["cap:async-capped", "share:async-capped"])
+    finally:
+        worker.stop()
+    assert cap == b"2" and float(share) == 0.5
+    with pytest.raises(ValueError, match="max_in_flight"):
+        one_step_config(tmp_path, model_dir, [trainer_row(0)], max_in_flight=-1)
 
 
 REFERENCE_YAML = """

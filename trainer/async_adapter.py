@@ -141,6 +141,7 @@ class FarmRolloutWorker:
         oversample: float = 1.0,
         poll_s: float = 0.25,
         share: float = 1.0,
+        max_in_flight: int = 0,
     ):
         if not rows:
             raise ValueError("FarmRolloutWorker needs at least one row")
@@ -154,6 +155,7 @@ class FarmRolloutWorker:
         self.groups_in_flight = max_groups_in_flight + extra_groups(max_groups_in_flight, oversample)
         self.drop_zero_variance_groups = drop_zero_variance_groups
         self.share = share  # of the farm's workers, while other runs have a backlog (farm.fairness)
+        self.max_in_flight = max_in_flight  # the run's cap per agent (0: none), whatever its share
         self.poll_s = poll_s  # how often a group in flight is checked for staleness between arrivals
         self.timeout_s, self.sampling = timeout_s, sampling or Sampling()
         self.run_id = run_id or f"async-{uuid.uuid4().hex[:8]}"
@@ -283,7 +285,7 @@ class FarmRolloutWorker:
             for i in range(self.num_generations)
         ]
         self._open.update((t.task_id, t) for t in tasks)
-        await client.submit(tasks, share=self.share)
+        await client.submit(tasks, share=self.share, max_in_flight=self.max_in_flight)
         got = await self._gather(client, tasks)
         left = [t for t in tasks if t.task_id not in got or client_deadline(got[t.task_id])]
         cancelled = await self._cancel(client, left) if left else 0

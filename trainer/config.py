@@ -121,6 +121,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_unusable_batches: int = 3  # submit a step's prompts again this many times, then stop the run
     worker_wait_s: float = 10.0  # pre-flight: how long every agent the data names may take to show a live worker
     share: float = 1.0  # this run's share of the farm's workers while other runs have a backlog (farm.fairness)
+    max_in_flight: int = 0  # the most of this run's tasks in flight per agent, whatever its share (0: no cap)
     # Any other top-level key is one of TRL's GRPOConfig arguments, passed to it as it is (TRL checks it).
     trl: dict[str, Any] = {}
 
@@ -141,6 +142,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"oversample must be >= 1.0, got {self.oversample}")
         if not 0 < self.share <= 1e6:  # NaN included
             raise ValueError(f"share must be above 0 and at most 1e6, got {self.share}")
+        if self.max_in_flight < 0:
+            raise ValueError(f"max_in_flight must be >= 0 (0: no cap), got {self.max_in_flight}")
         if self.max_refills < 0:
             raise ValueError(f"max_refills must be >= 0, got {self.max_refills}")
         if self.min_usable_groups < 1 or self.max_unusable_batches < 1:

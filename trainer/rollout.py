@@ -53,7 +53,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncGenerator, Callable, Optional, cast
+from typing import Any, AsyncGenerator, Callable, Iterable, Optional, cast
 
 from farm.client import FarmClient
 from farm.errors import EXIT_UNKNOWN_AGENT, FarmError, TransportError
@@ -119,6 +119,7 @@ class FarmRollout:
         spare_rows: Optional[list[dict]] = None,
         spare_seed: int = 0,
         share: float = 1.0,
+        max_in_flight: int = 0,
         min_usable_groups: int = 1,
         max_unusable_batches: int = 3,
     ):
@@ -144,6 +145,7 @@ class FarmRollout:
             max_refills,
         )
         self.share = share  # of the farm's workers, while other runs have a backlog (farm.fairness)
+        self.max_in_flight = max_in_flight  # the run's cap per agent (0: none), whatever its share
         self.spares = SpareRows([parse_row(r) for r in spare_rows], seed=spare_seed) if spare_rows else None
         self.min_usable_groups, self.max_unusable_batches = min_usable_groups, max_unusable_batches
         self.unusable_batches = 0  # batches not trained on, over the run
@@ -335,13 +337,16 @@ class FarmRollout:
         """Submit, stream rollouts into the selection (submitting refills) until it is finished or
         the deadline passes, then cancel what is still open."""
         deadline = time.time() + self.timeout_s
-        await self.client.submit((t for g in sel.groups for t in g.tasks), share=self.share)
+        await self._submit(t for g in sel.groups for t in g.tasks)
         while not sel.finished():
             new = await self._stream(sel, spawn, deadline)
             if not new:
                 break
-            await self.client.submit((t for g in new for t in g.tasks), share=self.share)
+            await self._submit(t for g in new for t in g.tasks)
         return await self._cancel_open(sel)
+
+    async def _submit(self, tasks: Iterable[Task]) -> None:
+        await self.client.submit(tasks, share=self.share, max_in_flight=self.max_in_flight)
 
     async def _stream(self, sel: GroupSelection, spawn: Callable[[int], Group], deadline: float) -> list[Group]:
         """Offer rollouts as they arrive; returns the refill groups as soon as some are due

@@ -206,6 +206,7 @@ def build_trainer(
         drop_zero_variance_groups=cfg.drop_zero_variance_groups,
         max_refills=cfg.max_refills,
         share=cfg.share,
+        max_in_flight=cfg.max_in_flight,
         min_usable_groups=cfg.min_usable_groups,
         max_unusable_batches=cfg.max_unusable_batches,
         spare_rows=train_rows,
