@@ -23,6 +23,11 @@ Run on the target machine, with nothing else busy:
 Each run uses its own namespace (`bench-<uuid>`) and deletes its keys afterwards. If no
 Redis answers at --redis-url, an embedded one (farm.embedded) is started in a temp dir.
 The figures are printed as a table, then as one JSON line for scripts.
+
+`--wait-replicas N` measures what WAIT costs (redis_wait_replicas, docs/failover.md): it starts
+its own primary with N replicas (`redis-server --replicaof`) in a temp dir, instead of
+--redis-url, and runs every pool on it twice, without WAIT and with WAIT for N replicas, and
+prints the two side by side.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import WorkerPool, answers, delete_namespace  # noqa: E402
 from farm import schema  # noqa: E402
 from farm.client import FarmClient  # noqa: E402
-from farm.embedded import EmbeddedRedis  # noqa: E402
+from farm.embedded import EmbeddedRedis, free_port, redis_server_binary  # noqa: E402
 from farm.settings import load_settings  # noqa: E402
 
 AGENT = "noop"
@@ -138,12 +144,16 @@ def measure_codec(tokens: int = 8192, iterations: int = 5000) -> dict:
     }
 
 
-async def bench_pool(url: str, processes: int, args: argparse.Namespace, log_dir: Path) -> dict:
-    """Throughput and latency with `processes` fresh workers, in a namespace of their own."""
+async def bench_pool(url: str, processes: int, args: argparse.Namespace, log_dir: Path, wait: int = 0) -> dict:
+    """Throughput and latency with `processes` fresh workers, in a namespace of their own; with
+    `wait`, the workers' settles and the client's submits WAIT for that many replicas."""
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
-    settings = load_settings(env={}, overrides={"redis_url": url, "namespace": namespace})
+    settings = load_settings(env={}, overrides={"redis_url": url, "namespace": namespace, "redis_wait_replicas": wait})
+    label = f"{processes}p-wait{wait}"
+    waits_before = wait_calls(url)
+    env = {"FARM_REDIS_WAIT_REPLICAS": str(wait)}
     try:
-        with WorkerPool(url, namespace, AGENT, processes, args.concurrency, log_dir, f"{processes}p") as pool:
+        with WorkerPool(url, namespace, AGENT, processes, args.concurrency, log_dir, label, **env) as pool:
             client = FarmClient(settings)
             try:
                 await pool.ready(client)
@@ -156,7 +166,63 @@ async def bench_pool(url: str, processes: int, args: argparse.Namespace, log_dir
                 await client.aclose()
     finally:
         delete_namespace(url, namespace)
-    return {"processes": processes, "concurrency": args.concurrency, "throughput": throughput, "latency": latency}
+    return {
+        "processes": processes,
+        "concurrency": args.concurrency,
+        "wait_replicas": wait,
+        "wait_commands": wait_calls(url) - waits_before,
+        "throughput": throughput,
+        "latency": latency,
+    }
+
+
+def wait_calls(url: str) -> int:
+    """WAIT commands the server has run (INFO commandstats): the proof that a side did WAIT, and how often."""
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+    finally:
+        client.close()
+
+
+def start_replicas(primary: EmbeddedRedis, n: int, tmp: Path, stack: ExitStack) -> None:
+    """`n` redis-server replicas of `primary` (127.0.0.1, free ports, no persistence), stopped with
+    the stack; returns once the primary counts them all online."""
+    for i in range(n):
+        port, workdir = free_port(), tmp / f"replica-{i}"
+        workdir.mkdir()
+        cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
+        cmd += ["--save", "", "--appendonly", "no", "--replicaof", "127.0.0.1", str(primary.port)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        stack.callback(proc.wait, 10)
+        stack.callback(proc.terminate)
+    client = redis.Redis.from_url(primary.url)
+    deadline = time.monotonic() + 30
+    while client.info("replication").get("connected_slaves", 0) < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the {n} replicas did not attach to the primary within 30 s")
+        time.sleep(0.1)
+    while client.wait(n, 1000) < n:  # every replica has caught up
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the {n} replicas did not catch up within 30 s")
+    client.close()
+
+
+def side_by_side(results: list[dict]) -> None:
+    """Each pool's figures without WAIT and with it, in one table."""
+    by = {(r["processes"], r["wait_replicas"]): r for r in results}
+    waits = sorted({w for _, w in by if w})
+    print(f"\n{'WAIT cost':<44} {'no WAIT':>12} " + " ".join(f"{f'WAIT {w}':>12}" for w in waits))
+    print("-" * (58 + 13 * len(waits)))
+    for p in sorted({p for p, _ in by}):
+        lines = [
+            (f"throughput, {p} proc (rollouts/s)", lambda r: f"{r['throughput']['rollouts_per_s']:,.0f}"),
+            (f"pickup latency p50, {p} proc (ms)", lambda r: f"{r['latency']['p50_ms']:.2f}"),
+            (f"pickup latency p99, {p} proc (ms)", lambda r: f"{r['latency']['p99_ms']:.2f}"),
+            (f"WAIT commands run, {p} proc", lambda r: f"{r['wait_commands']:,}"),
+        ]
+        for name, shown in lines:
+            print(f"{name:<44} {shown(by[(p, 0)]):>12} " + " ".join(f"{shown(by[(p, w)]):>12}" for w in waits))
 
 
 def report(results: list[dict], codec: dict, meta: dict) -> dict:
@@ -164,6 +230,8 @@ def report(results: list[dict], codec: dict, meta: dict) -> dict:
     rows = []  # (measurement, value, unit, target text, met)
     for res in results:
         p, t, lat = res["processes"], res["throughput"], res["latency"]
+        if res.get("wait_replicas"):
+            p = f"{p} (WAIT {res['wait_replicas']})"
         load = f"{lat['offered_per_s']:,.0f} tasks/s offered"
         rows += [
             (
@@ -226,13 +294,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="length of the latency run")
     p.add_argument("--tick-ms", type=float, default=5.0, help="submission tick of the latency run")
     p.add_argument("--codec-iterations", type=int, default=5000)
+    p.add_argument(
+        "--wait-replicas",
+        type=int,
+        default=0,
+        help="also measure with WAIT for N replicas: starts a primary with N replicas instead of --redis-url",
+    )
     args = p.parse_args(argv)
 
     codec = measure_codec(iterations=args.codec_iterations)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="farm-bench-")))
         url = args.redis_url
-        if not answers(url):
+        if args.wait_replicas > 0:
+            primary = stack.enter_context(EmbeddedRedis(tmp / "redis", appendfsync="no"))
+            start_replicas(primary, args.wait_replicas, tmp, stack)
+            url = primary.url
+        elif not answers(url):
             print(f"nothing answers at {url}; starting an embedded Redis", file=sys.stderr)
             url = stack.enter_context(EmbeddedRedis(tmp / "redis", appendfsync="no")).url
         info = redis.Redis.from_url(url).info("server")
@@ -242,8 +320,14 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         }
-        results = [asyncio.run(bench_pool(url, int(n), args, tmp)) for n in args.processes.split(",")]
+        sides = [0, args.wait_replicas] if args.wait_replicas > 0 else [0]
+        meta["replicas"] = args.wait_replicas
+        results = [
+            asyncio.run(bench_pool(url, int(n), args, tmp, wait)) for n in args.processes.split(",") for wait in sides
+        ]
         report(results, codec, meta)
+        if args.wait_replicas > 0:
+            side_by_side(results)
     return 0
 
 
