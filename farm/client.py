@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Optional, Sequence
 
 import redis.asyncio as aioredis
 
-from farm import cancel, fairness, schema
+from farm import cancel, fairness, history, schema, scripts
 from farm.cancel import CancelReport
 from farm.connection import connect
 from farm.errors import ConfigError, SchemaError
@@ -377,13 +377,26 @@ class FarmClient:
         return report
 
     async def _drain(self, run_id: str) -> int:
-        """Answer the run's queued tasks on every agent with `cancelled` rollouts at once (farm.fairness)."""
+        """Answer the run's queued tasks on every agent with `cancelled` rollouts at once (farm.fairness),
+        and count them in the minute's history bucket (farm.history.drained)."""
         agents = sorted(text(a) for a in await self.r.smembers(self.keys.agents()))
         pipe = self.r.pipeline(transaction=False)
         for agent in agents:
             pipe.exists(self.keys.queue(agent, run_id))
         queued = [a for a, n in zip(agents, await pipe.execute()) if n]
-        return sum([await fairness.drain(self.r, self.keys, a, run_id, "cancelled while queued") for a in queued])
+        total = 0
+        for agent in queued:
+            n = await fairness.drain(self.r, self.keys, agent, run_id, "cancelled while queued")
+            if n and self.settings.history:  # no worker settles these: count them as a settle would
+                await scripts.bucket(
+                    bucket=self.keys.history(agent, history.minute()),
+                    stream=self.keys.tasks(agent),
+                    backlog=self.keys.backlog(agent),
+                    ttl_s=self.settings.history_ttl_s,
+                    counts=history.drained(run_id, n),
+                ).run_source(self.r)
+            total += n
+        return total
 
     async def live_agents(self) -> set[str]:
         """Agents with at least one live worker (their heartbeats have not expired)."""

@@ -7,7 +7,8 @@ trip it makes anyway (farm.streams.Settler), so the history costs no round trip 
 work per task, and a task settled elsewhere is not counted twice. What a bucket holds:
 
   done, failed          rollouts that ended ok/truncated, and failed ones (dead letters included)
-  cancelled             rollouts of tasks a client cancelled (neither done nor failed)
+  cancelled             rollouts of tasks a client cancelled (neither done nor failed): settled by a
+                        worker, or answered by the client while still queued (`drained`)
   run:<run>:<outcome>   the same three counts per run id (done, failed, cancelled), for each run's rates
   runfail:<run>:<kind>  a run's failures by ErrorKind
   runpv:<run>:<v>:<x>   per run and policy version v, of the rollouts with a reward: x = n (how many),
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from farm.keys import Keys
-from farm.schema import Rollout
+from farm.schema import Rollout, Task
 
 # Bin edges from 1 ms to 2.3 h, each 2^(1/3) of the one before. The fields are `lt:<i>` (buckets
 # written with the coarser bins of earlier versions, `lat:<i>`, are not read as these).
@@ -131,6 +132,14 @@ def increments(rollout: Rollout, pass_threshold: float = 1.0) -> dict[str, float
     if isinstance(tokens, (int, float)) and not isinstance(tokens, bool) and tokens > 0:
         out["tokens"] = int(tokens)
     return out
+
+
+def drained(run_id: str, n: int) -> dict[str, float]:
+    """What n tasks of a run cancelled while still queued add to the minute's bucket: they are
+    answered `cancelled` by the client's DRAIN (farm.fairness), which no worker settles, so the
+    client adds them (FarmClient.cancel_run), as what `increments` counts for such a rollout, n times."""
+    task = Task.new(run_id=run_id, agent="-", row={}, reply_to="")
+    return {k: v * n for k, v in increments(Rollout.cancelled(task, "cancelled while queued")).items()}
 
 
 def decode_bucket(raw: dict) -> dict[str, float]:

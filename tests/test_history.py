@@ -7,6 +7,7 @@ rollouts hold.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 
@@ -217,3 +218,32 @@ async def test_history_off_records_nothing_but_the_settle(redis_url, namespace):
     r = redis.Redis.from_url(redis_url)
     assert not list(r.scan_iter(match=f"{namespace}:hist:*")) and not r.exists(settings.keys.samples("noop"))
     r.close()
+
+
+async def test_tasks_cancelled_while_queued_are_counted_as_a_running_tasks_cancel_is(settings, sync_redis):
+    """A run's cancel answers its queued tasks at once (DRAIN, no worker settles them) and stops
+    its running ones (the worker settles them): both are `cancelled` rollouts, and the minute's
+    buckets count every one of them, for the agent and for the run."""
+    client = FarmClient(settings)
+    slow = [client.task(run_id="busy", agent="noop", row={"noop": {"sleep_s": 60}, "i": i}) for i in range(4)]
+    queued = [client.task(run_id="waiting", agent="noop", row={"noop": {}, "i": i}) for i in range(6)]
+    async with in_process_worker(settings, concurrency=4) as w:
+        await client.submit(slow)
+        while len(w.inflight) < 4:
+            await asyncio.sleep(0.05)
+        await client.submit(queued)  # no free slot: they stay in the run's queue
+        drained = await client.cancel_run("waiting")
+        running = await client.cancel_run("busy")
+        got = await client.collect(slow + queued, timeout_s=20)
+    await client.aclose()
+    # The submit moved one task into the stream to wake a worker (its worker settles it): five drained.
+    assert drained.drained == 5 and running.open_count == 4 and not running.drained
+    assert {x.status for x in got.values()} == {Status.cancelled}
+    keys = list(sync_redis.scan_iter(match=f"{settings.namespace}:hist:noop:*"))
+    assert keys and all(0 < sync_redis.ttl(k) <= settings.history_ttl_s for k in keys)
+    bucket = merge(decode_bucket(sync_redis.hgetall(k)) for k in keys)
+    assert bucket["cancelled"] == 10, bucket
+    runs = history.run_counts(bucket)
+    assert runs["waiting"]["cancelled"] == 6 and runs["busy"]["cancelled"] == 4
+    assert sum(bucket.get(f, 0) for f in history.LATENCY_FIELDS) == 10, "each one is in a latency bin"
+    assert bucket.get("done", 0) == 0 and bucket.get("failed", 0) == 0
