@@ -112,20 +112,21 @@ def task_ids(tasks: Iterable[Any]) -> list[str]:
 OPEN, ALREADY, NOT_OPEN = "open", "already_cancelled", "not_open"  # what send says of each id
 
 
-async def send(r: Any, keys: Keys, ids: list[str], ttl_s: float) -> list[str]:
-    """Record and announce cancels of these task ids; returns, per id, ALREADY when a cancel of
-    it was still recorded, else OPEN or NOT_OPEN (queued or running, or not)."""
+async def send(r: Any, keys: Keys, ids: list[str], ttl_s: float, interrupt: bool = False) -> list[str]:
+    """Record and announce cancels (or interrupts) of these task ids; returns, per id, ALREADY when
+    one was still recorded, else OPEN or NOT_OPEN (queued or running, or not)."""
     now = time.time()
     expires = now + ttl_s
     states: list[str] = []
+    recorded, word = (keys.interrupt_tasks(), "itask") if interrupt else (keys.cancel_tasks(), "task")
     for i in range(0, len(ids), CHUNK):
         chunk = ids[i : i + CHUNK]
         pipe = r.pipeline(transaction=True)
         pipe.zmscore(keys.open_tasks(), chunk)
-        pipe.zmscore(keys.cancel_tasks(), chunk)
-        pipe.zadd(keys.cancel_tasks(), {tid: expires for tid in chunk})
-        pipe.zremrangebyscore(keys.cancel_tasks(), "-inf", now)
-        pipe.publish(keys.cancel_events(), " ".join(["task", f"{expires:.3f}", *chunk]))
+        pipe.zmscore(recorded, chunk)
+        pipe.zadd(recorded, {tid: expires for tid in chunk})
+        pipe.zremrangebyscore(recorded, "-inf", now)
+        pipe.publish(keys.cancel_events(), " ".join([word, f"{expires:.3f}", *chunk]))
         opened, before, *_ = await pipe.execute()
         for was_open, until in zip(opened, before):
             if until is not None and float(until) > now:
@@ -157,6 +158,28 @@ async def send_run(r: Any, keys: Keys, run_id: str, ttl_s: float) -> tuple[Optio
     return max(0, int(count or 0)), before is not None and float(before) > now
 
 
+async def send_run_interrupt(r: Any, keys: Keys, run_id: str, ttl_s: float) -> Optional[int]:
+    """Record and announce an interrupt of every task of a run created until now (later ones, such
+    as its continuations, run); how many of its tasks were open, or None for a run never seen."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hget(keys.open_runs(), run_id)
+    pipe.exists(keys.results(run_id))
+    count, seen = await pipe.execute()
+    if count is None and not seen:
+        return None
+    now = time.time()
+    expires = now + ttl_s
+    pipe = r.pipeline(transaction=True)
+    pipe.zadd(keys.interrupt_runs(), {f"{run_id} {now:.3f}": expires})
+    pipe.zremrangebyscore(keys.interrupt_runs(), "-inf", now)
+    pipe.publish(keys.cancel_events(), f"irun {expires:.3f} {run_id} {now:.3f}")
+    await pipe.execute()
+    return max(0, int(count or 0))
+
+
+OnInterrupt = Callable[[set[str], dict[str, float]], None]  # (task ids, run id -> created before)
+
+
 class Cancels(ChannelWatch):
     """A worker process's mirror of every live cancel: `cancelled(task_id, run_id)` costs two set
     lookups; `on_cancel(task_ids, run_ids)` is called for each cancel message as it arrives."""
@@ -169,27 +192,56 @@ class Cancels(ChannelWatch):
         self.on_cancel = on_cancel
         self.tasks: dict[str, float] = {}  # id -> when the cancel expires
         self.runs: dict[str, float] = {}
+        # Interrupts (a task stopped with what it generated kept): task id -> expiry, and run id ->
+        # (when its tasks created before it were interrupted, expiry).
+        self.on_interrupt: Optional[OnInterrupt] = None
+        self.itasks: dict[str, float] = {}
+        self.iruns: dict[str, tuple[float, float]] = {}
         self._next_prune = time.monotonic() + PRUNE_EVERY_S
 
     def cancelled(self, task_id: str, run_id: str) -> bool:
         return task_id in self.tasks or run_id in self.runs
+
+    def interrupted(self, task_id: str, run_id: str, created_at: float) -> bool:
+        """Whether the task was interrupted (by id, or its run's interrupt came after it was created)."""
+        if task_id in self.itasks:
+            return True
+        run = self.iruns.get(run_id)
+        return run is not None and created_at <= run[0]
 
     async def _read(self) -> None:
         now = time.time()
         pipe = self.r.pipeline(transaction=False)
         pipe.zrangebyscore(self.keys.cancel_tasks(), now, "+inf", withscores=True)
         pipe.zrangebyscore(self.keys.cancel_runs(), now, "+inf", withscores=True)
-        tasks, runs = await pipe.execute()
+        pipe.zrangebyscore(self.keys.interrupt_tasks(), now, "+inf", withscores=True)
+        pipe.zrangebyscore(self.keys.interrupt_runs(), now, "+inf", withscores=True)
+        tasks, runs, itasks, iruns = await pipe.execute()
         self.tasks = {text(k): float(v) for k, v in tasks}
         self.runs = {text(k): float(v) for k, v in runs}
+        self.itasks = {text(k): float(v) for k, v in itasks}
+        self.iruns = {}
+        for member, until in iruns:
+            run, _, at = text(member).partition(" ")
+            self._interrupt_run(run, float(at or 0), float(until))
         if self.on_cancel is not None and (self.tasks or self.runs):
             self.on_cancel(set(self.tasks), set(self.runs))  # any that started while we were away
+        if self.on_interrupt is not None and (self.itasks or self.iruns):
+            self.on_interrupt(set(self.itasks), {run: at for run, (at, _) in self.iruns.items()})
+
+    def _interrupt_run(self, run: str, at: float, until: float) -> None:
+        known = self.iruns.get(run)
+        if known is None or at > known[0]:
+            self.iruns[run] = (at, until)
 
     def _apply(self, data: Any) -> None:
         what, expires, *ids = text(data).split(" ")
         try:
             until = float(expires)
         except ValueError:
+            return
+        if what in ("itask", "irun"):
+            self._apply_interrupt(what, until, ids)
             return
         if what == "task":
             self.tasks.update(dict.fromkeys(ids, until))
@@ -204,9 +256,25 @@ class Cancels(ChannelWatch):
         if time.monotonic() >= self._next_prune:
             self._prune()
 
+    def _apply_interrupt(self, what: str, until: float, ids: list[str]) -> None:
+        if what == "itask":
+            self.itasks.update(dict.fromkeys(ids, until))
+            tasks, runs = set(ids), {}
+        else:
+            try:
+                run, at = ids[0], float(ids[1])
+            except (IndexError, ValueError):
+                return
+            self._interrupt_run(run, at, until)
+            tasks, runs = set(), {run: at}
+        if self.on_interrupt is not None:
+            self.on_interrupt(tasks, runs)
+
     def _prune(self) -> None:
         """Forget cancels past their expiry (bounded memory; checked once a minute at most)."""
         self._next_prune = time.monotonic() + PRUNE_EVERY_S
         now = time.time()
         self.tasks = {k: v for k, v in self.tasks.items() if v > now}
         self.runs = {k: v for k, v in self.runs.items() if v > now}
+        self.itasks = {k: v for k, v in self.itasks.items() if v > now}
+        self.iruns = {k: v for k, v in self.iruns.items() if v[1] > now}

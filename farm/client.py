@@ -31,6 +31,7 @@ from farm.cancel import CancelReport
 from farm.connection import connect
 from farm.errors import ConfigError, SchemaError
 from farm.keys import GROUP, Keys, check_name, text
+from farm.resume import continuations
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings, load_settings
 from farm.state import live_workers_async
@@ -356,6 +357,46 @@ class FarmClient:
             getattr(report, state).append(tid)
         log.debug("cancel: %s", report.line())
         return report
+
+    async def interrupt(self, tasks: Iterable[Task | str]) -> CancelReport:
+        """Interrupt tasks (Task objects or ids): a running one stops at once and ends in one
+        `interrupted` rollout that holds what it generated so far (`Rollout.partial`: every token
+        with its logprob and policy version; kept mid-turn with `policy_stream`), for `resume`;
+        a queued one ends `interrupted` without running. Reported like a cancel."""
+        ids = cancel.task_ids(tasks)
+        if not ids:
+            return CancelReport()
+        states = await self.outage.call(
+            lambda: cancel.send(self.r, self.keys, ids, self.settings.cancel_ttl_s, interrupt=True),
+            "sending interrupts",
+        )
+        report = CancelReport()
+        for tid, state in zip(ids, states):
+            getattr(report, state).append(tid)
+        return report
+
+    async def interrupt_run(self, run_id: str) -> CancelReport:
+        """Interrupt every task of a run submitted until now (queued or running); tasks submitted
+        to it later, its continuations among them, run as usual."""
+        try:
+            check_name(run_id, "run id")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        count = await self.outage.call(
+            lambda: cancel.send_run_interrupt(self.r, self.keys, run_id, self.settings.cancel_ttl_s),
+            "sending a run's interrupt",
+        )
+        return CancelReport(run_id=run_id, open_count=count or 0, run_known=count is not None)
+
+    async def resume(self, rollouts: Iterable[Rollout], *, model: Optional[str] = None, **submit: Any) -> list[Task]:
+        """Submit one continuation per interrupted rollout and return them (farm.resume): each goes
+        on token-exactly from where its rollout stopped, on any worker, and ends in one rollout on
+        the run's result stream. ConfigError, before anything is submitted, for a rollout that was not
+        interrupted, one sampled by another model than `model` (when given), or one too large."""
+        tasks = continuations(rollouts, self.keys, max_entry_bytes=self.settings.max_entry_bytes, model=model)
+        if tasks:
+            await self.submit(tasks, **submit)
+        return tasks
 
     async def cancel_run(self, run_id: str) -> CancelReport:
         """Cancel every task of a run, queued or running, and any submitted to it later within

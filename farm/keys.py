@@ -11,6 +11,8 @@
 {ns}:cancel:tasks       zset of cancelled task ids (score = when the cancel expires; farm.cancel)
 {ns}:cancel:runs        zset of cancelled run ids (likewise)
 {ns}:cancel_events      pub/sub channel: `task ID ...` or `run ID ...` when a client cancels
+{ns}:interrupt:tasks    zset of interrupted task ids (score = when the interrupt expires; farm.cancel)
+{ns}:interrupt:runs     zset of `RUN AT` run interrupts (AT: when; tasks created before it; likewise)
 {ns}:open               zset of open task ids, scored by submit time (written at submit, removed at settle)
 {ns}:open_runs          hash of open tasks per run id (likewise)
 {ns}:agents             set of agent names that ever had tasks
@@ -87,6 +89,14 @@ class Keys:
     def cancel_runs(self) -> str:
         """Cancelled run ids, scored by when the cancel expires (farm.cancel)."""
         return f"{self.ns}:cancel:runs"
+
+    def interrupt_tasks(self) -> str:
+        """Interrupted task ids, scored by when the interrupt expires (farm.cancel)."""
+        return f"{self.ns}:interrupt:tasks"
+
+    def interrupt_runs(self) -> str:
+        """`RUN AT` per run interrupt (its tasks created before AT), scored by when it expires (farm.cancel)."""
+        return f"{self.ns}:interrupt:runs"
 
     def cancel_events(self) -> str:
         """Pub/sub channel: `task ID ...` or `run ID ...` as a client cancels (farm.cancel)."""

@@ -237,6 +237,10 @@ class Partial(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str = ""
     resumes: int = 0  # how many times this rollout was interrupted and resumed before
     origin: str = ""  # the first task's id of the chain
+    # The task's row and sampling, so that the rollout alone can be resumed (FarmClient.resume); a
+    # continuation task carries them as its own and leaves these empty.
+    row: dict[str, Any] = {}
+    sampling: Optional[Sampling] = None
 
 
 class RolloutError(msgspec.Struct, forbid_unknown_fields=True):

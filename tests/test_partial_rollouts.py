@@ -12,7 +12,7 @@ import asyncio
 
 import msgspec
 import pytest
-from helpers.policies import hermes
+from helpers.policies import StreamingScript, hermes
 
 from envs.session_state import SessionState
 from farm import schema
@@ -20,7 +20,6 @@ from farm.errors import RolloutFailure
 from farm.schema import Status, Task
 from workers.loops.context import AgentContext
 from workers.loops.loop import AgentLoop
-from workers.policy.tokens import Completion
 
 ROW = {
     "responses_create_params": {"input": [{"role": "user", "content": "Start at 3, add 1 then 2, and report."}]},
@@ -32,44 +31,6 @@ SCRIPT = [
     hermes("increment_counter", {"count": 2}),
     "The count is 6.",
 ]
-
-
-class StreamingScript:
-    """Streams each scripted turn's ids into the sink one by one; `start` = (turn, ids already
-    given) makes it the model of a continuation, which must be asked with those ids in its prompt."""
-
-    streams = True
-
-    def __init__(self, tokenizer, turns, start=(0, 0), pause_at=None):
-        self.tok = tokenizer
-        self.turns = [tokenizer.encode(t) + [tokenizer.eos_id] for t in turns]
-        self.turn, self.skip = start
-        self.pause_at = pause_at  # (turn, ids): set `paused` once that many ids of that turn went out
-        self.paused = asyncio.Event()
-        self.prompts: list[list[int]] = []
-
-    async def max_model_len(self, session):
-        return None
-
-    async def complete(self, prompt_ids, sampling, session, sink=None):
-        ids = self.turns[self.turn]
-        done = self.skip
-        assert prompt_ids[len(prompt_ids) - done :] == ids[:done] or done == 0, "continued from the given ids"
-        self.prompts.append(list(prompt_ids))
-        for i, tid in enumerate(ids[done:], start=done):
-            sink.ids.append(tid)
-            sink.logprobs.append(-0.5)
-            sink.versions.append(sink.stamp())
-            if self.pause_at == (self.turn, i + 1):
-                self.paused.set()
-                await asyncio.sleep(3600)
-            await asyncio.sleep(0)
-        out = ids[done:]
-        self.turn, self.skip = self.turn + 1, 0
-        return Completion(out, [-0.5] * len(out), "", "stop", "scripted", 0.0)
-
-    async def aclose(self):
-        return None
 
 
 class Versions:

@@ -49,20 +49,58 @@ class Outcomes:
         self.ctx = ctx
         self.worker_id = ctx.worker_id
         self.cancels = cancels
-        # The agent runs in flight, by task id: (run id, the run's asyncio task).
-        self.running: dict[str, tuple[str, asyncio.Task]] = {}
+        # The agent runs in flight, by task id: (run id, the run's asyncio task, the task's created_at).
+        self.running: dict[str, tuple[str, asyncio.Task, float]] = {}
         self.stopped = 0  # runs stopped in flight by a cancel
+
+    @property
+    def cancels(self) -> Optional[Cancels]:
+        return self._cancels
+
+    @cancels.setter
+    def cancels(self, cancels: Optional[Cancels]) -> None:
+        """The process's cancel mirror; its interrupts stop runs here too."""
+        self._cancels = cancels
+        if cancels is not None:
+            cancels.on_interrupt = self.interrupt
 
     def stop(self, task_ids: set[str], run_ids: set[str]) -> None:
         """A cancel arrived (farm.cancel): stop the matching runs now; each then settles as `cancelled`."""
         hits = [tid for tid in task_ids if tid in self.running]
         if run_ids:
-            hits += [tid for tid, (run, _) in self.running.items() if run in run_ids and tid not in task_ids]
+            hits += [tid for tid, (run, *_) in self.running.items() if run in run_ids and tid not in task_ids]
         for tid in hits:
+            self.running[tid][1].cancel()
+
+    def interrupt(self, task_ids: set[str], runs: dict[str, float]) -> None:
+        """An interrupt arrived (farm.cancel): stop the matching runs now, marked so that the agent
+        loop returns what it generated so far (workers/loops/partial.py) instead of being cancelled."""
+        hits = [tid for tid in task_ids if tid in self.running]
+        if runs:
+            hits += [
+                tid
+                for tid, (run, _, created) in self.running.items()
+                if run in runs and created <= runs[run] and tid not in task_ids
+            ]
+        for tid in hits:
+            self.ctx.interrupts.add(tid)
             self.running[tid][1].cancel()
 
     def _cancelled(self, task: Task) -> bool:
         return self.cancels is not None and self.cancels.cancelled(task.task_id, task.run_id)
+
+    def _interrupted(self, task: Task) -> bool:
+        return self.cancels is not None and self.cancels.interrupted(task.task_id, task.run_id, task.created_at)
+
+    def _interrupted_op(self, entry_id: str, task: Task, attempt: int, picked: float, message: str) -> SettleOp:
+        """The `interrupted` rollout of a run that kept nothing (it had not started, or its agent keeps
+        no partial): a continuation of one goes on from where the task itself started."""
+        partial = task.resume or schema.Partial(trace=schema.TokenTrace(), origin=task.task_id)
+        partial = msgspec.structs.replace(partial, row=task.row, sampling=task.sampling)
+        rollout = Rollout.for_task(
+            task, status=schema.Status.interrupted, partial=partial, metrics={"generated_tokens": 0, "note": message}
+        )
+        return self.stream.reply_op(entry_id, self._stamp(rollout, task, attempt, picked), task.reply_to)
 
     def _cancelled_op(self, entry_id: str, task: Task, attempt: int, picked: float, message: str) -> SettleOp:
         """The one `cancelled` rollout of a task a client called off (farm.cancel)."""
@@ -85,6 +123,8 @@ class Outcomes:
         attempt = task.attempt + deliveries - 1
         if self._cancelled(task):  # a set lookup: the cancel reached this process already (farm.cancel)
             return self._cancelled_op(entry_id, task, attempt, picked, "cancelled before it started")
+        if self._interrupted(task):
+            return self._interrupted_op(entry_id, task, attempt, picked, "interrupted before it started")
         if attempt > s.max_attempts:
             reason = (
                 f"delivered {attempt} times without finishing (max_attempts={s.max_attempts}); "
@@ -105,12 +145,16 @@ class Outcomes:
             limit = min(limit, task.deadline - picked)
         task_for_agent = msgspec.structs.replace(task, attempt=attempt) if attempt != task.attempt else task
         run = asyncio.ensure_future(self.agent.run(task_for_agent, self.ctx))
-        self.running[task.task_id] = (task.run_id, run)
+        self.running[task.task_id] = (task.run_id, run, task.created_at)
         try:
             rollout = await asyncio.wait_for(run, timeout=max(limit, 0.001))
             if not isinstance(rollout, Rollout):
                 raise TypeError(f"agent returned {type(rollout).__name__}, not a Rollout")
         except asyncio.CancelledError:
+            if run.cancelled() and not _stopping() and self._interrupted(task) and not self._cancelled(task):
+                took = time.time() - picked
+                note = f"interrupted after {took:.2f}s in flight; its agent keeps no partial"
+                return self._interrupted_op(entry_id, task, attempt, picked, note)
             if not run.cancelled() or _stopping() or not self._cancelled(task):
                 raise  # the worker is stopping: the task is handed back, not settled
             self.stopped += 1
@@ -135,6 +179,7 @@ class Outcomes:
             )
         finally:
             self.running.pop(task.task_id, None)
+            self.ctx.interrupts.discard(task.task_id)
         task_body = fields.get(b"d")  # kept beside a sampled rollout: the dashboard shows its prompt
         rollout, out = self._fit(self._stamp(rollout, task, attempt, picked), task)
         return st.reply_op(entry_id, rollout, task.reply_to, out, task_body=task_body)

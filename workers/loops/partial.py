@@ -49,6 +49,8 @@ def interrupted_rollout(ep: "Episode", task: Task, model: str) -> Rollout:
             model=model,
             resumes=prior.resumes if prior is not None else 0,
             origin=prior.origin if prior is not None and prior.origin else task.task_id,
+            row=task.row,
+            sampling=task.sampling,
         )
     generated = sum(partial.trace.env_mask) if partial is not None else 0
     metrics = {**ep.metrics, "generated_tokens": generated}
