@@ -85,7 +85,12 @@ def parse_sentinel(url: str) -> SentinelURL:
             )
         sentinels.append((host, int(port)))
     parts = [p for p in path.split("/") if p]
-    if not parts or len(parts) > 2:
+    if len(parts) > 2:
+        raise ConfigError(
+            f"redis_url {shown}: {'/'.join(parts[2:])!r} after /SERVICE/DB: a Sentinel URL is "
+            f"{SENTINEL_SCHEME}://host:port[,host:port...]/SERVICE[/DB]"
+        )
+    if not parts:
         raise ConfigError(
             f"redis_url {shown} names no service: a Sentinel URL is "
             f"{SENTINEL_SCHEME}://host:port[,host:port...]/SERVICE[/DB] (SERVICE: the master name Sentinel monitors)"
@@ -96,6 +101,42 @@ def parse_sentinel(url: str) -> SentinelURL:
             raise ConfigError(f"redis_url {shown}: the database {parts[1]!r} is not a number")
         db = int(parts[1])
     return SentinelURL(tuple(sentinels), unquote(parts[0]), db, username, password)
+
+
+def _no_master(service: str, sentinels: Any) -> str:
+    where = ",".join(f"{host}:{port}" for host, port in sentinels)
+    return (
+        f"no Sentinel at {where} names a master for {service!r} now (Sentinels unreachable, "
+        "a wrong SERVICE name, or a failover in progress)"
+    )
+
+
+class _Sentinel(redis.sentinel.Sentinel):
+    """redis-py's Sentinel, whose MasterNotFoundError names the Sentinels (not their clients' reprs)."""
+
+    def __init__(self, sentinels: Any, **kwargs: Any):
+        super().__init__(sentinels, **kwargs)
+        self.addresses = tuple(sentinels)
+
+    def discover_master(self, service_name: str) -> Any:
+        try:
+            return super().discover_master(service_name)
+        except redis.sentinel.MasterNotFoundError:
+            raise redis.sentinel.MasterNotFoundError(_no_master(service_name, self.addresses)) from None
+
+
+class _AsyncSentinel(aiosentinel.Sentinel):
+    """The asyncio Sentinel, with the same MasterNotFoundError as _Sentinel."""
+
+    def __init__(self, sentinels: Any, **kwargs: Any):
+        super().__init__(sentinels, **kwargs)
+        self.addresses = tuple(sentinels)
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)
+        except aiosentinel.MasterNotFoundError:
+            raise aiosentinel.MasterNotFoundError(_no_master(service_name, self.addresses)) from None
 
 
 def _url(settings: Settings) -> str:
@@ -154,10 +195,10 @@ def connect(settings: Settings) -> aioredis.Redis:
     client: DurableRedis
     if is_sentinel(url):
         parsed, master, asked = _sentinel_args(url, _options(settings))
-        sentinel = aiosentinel.Sentinel(parsed.sentinels, sentinel_kwargs=asked, **master)
+        sentinel = _AsyncSentinel(parsed.sentinels, sentinel_kwargs=asked, **master)
         client = cast(DurableRedis, sentinel.master_for(parsed.service, redis_class=DurableRedis))
     else:
-        client = DurableRedis.from_url(url, **_options(settings))
+        client = cast(DurableRedis, DurableRedis.from_url(url, **_options(settings)))
     client.durability = Durability.of(settings)
     return client
 
@@ -167,7 +208,7 @@ def connect_sync(settings: Settings) -> redis.Redis:
     url = _url(settings)
     if is_sentinel(url):
         parsed, master, asked = _sentinel_args(url, _options(settings))
-        sentinel = redis.sentinel.Sentinel(parsed.sentinels, sentinel_kwargs=asked, **master)
+        sentinel = _Sentinel(parsed.sentinels, sentinel_kwargs=asked, **master)
         return sentinel.master_for(parsed.service)
     return redis.Redis.from_url(url, **_options(settings))
 
@@ -185,7 +226,7 @@ def answers(settings: Settings, timeout_s: float = 1.0) -> bool:
     client: redis.Redis
     if is_sentinel(url):
         parsed, master, asked = _sentinel_args(url, options)
-        client = redis.sentinel.Sentinel(parsed.sentinels, sentinel_kwargs=asked, **master).master_for(parsed.service)
+        client = _Sentinel(parsed.sentinels, sentinel_kwargs=asked, **master).master_for(parsed.service)
     else:
         client = redis.Redis.from_url(url, **options)
     try:

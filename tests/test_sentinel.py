@@ -18,7 +18,7 @@ from helpers.waiting import wait_for
 
 from farm import schema
 from farm.connection import Durability, answers, connect, connect_sync, durability_of, parse_sentinel
-from farm.errors import ConfigError, RedisAuthError
+from farm.errors import ConfigError, RedisAuthError, RedisUnavailable
 from farm.schema import Status
 from farm.scripts import SETTLED
 from farm.settler import Settler
@@ -39,7 +39,7 @@ def test_sentinel_urls_parse_into_sentinels_service_and_db():
     [
         ("redis+sentinel://h:1", "names no service"),
         ("redis+sentinel://h:1/", "names no service"),
-        ("redis+sentinel://h:1/svc/0/extra", "names no service"),
+        ("redis+sentinel://h:1/svc/0/extra", "'extra' after /SERVICE/DB"),
         ("redis+sentinel://h:1/svc/zero", "'zero' is not a number"),
         ("redis+sentinel://h/svc", "'h' is not host:port"),
         ("redis+sentinel://h:1,,h:2/svc", "an empty entry"),
@@ -108,11 +108,18 @@ async def test_clients_from_a_sentinel_url_reach_the_master_and_follow_a_failove
 
 
 @pytest.mark.slow
-def test_answers_is_false_when_no_sentinel_names_the_master(cluster, namespace):
+async def test_answers_is_false_when_no_sentinel_names_the_master(cluster, namespace):
     nobody = make_settings(cluster.url.replace(SERVICE, "unknown"), namespace)
     assert not answers(nobody)
-    with pytest.raises(Exception, match="No master found"), errors(nobody.redis_url):
+    with pytest.raises(RedisUnavailable) as info, errors(nobody.redis_url):
         connect_sync(nobody).ping()
+    hosts = ",".join(f"127.0.0.1:{p}" for p in cluster.sentinels)
+    assert f"no Sentinel at {hosts} names a master for 'unknown'" in str(info.value)
+    assert "<redis" not in str(info.value), "the Sentinels by address, not their clients' reprs"
+    r = connect(nobody)
+    with pytest.raises(redis.ConnectionError, match="names a master for 'unknown'"):
+        await r.ping()
+    await r.aclose()
 
 
 def _failover_started(sentinel: redis.Redis) -> bool:
