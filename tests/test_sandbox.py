@@ -249,6 +249,46 @@ async def test_a_worker_dying_mid_job_is_a_sandbox_error_and_it_is_restarted(red
         client.close()
 
 
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+@pytest.mark.slow
+async def test_a_work_horse_dies_with_its_killed_worker_and_takes_the_program_along(redis_url, queue, sync_redis):
+    """SIGKILL the rq worker while its work horse runs a job: the horse (rq forks one per job, in
+    a process group of its own) and the program it runs are gone within seconds, not left to run
+    out the job's 20 s wall limit as orphans."""
+    client = SandboxClient(redis_url, queue, start_workers=1)
+    try:
+        job = await client.submit("import time\ntime.sleep(60)\n", ADD, Limits(wall_s=20))
+        (proc,) = client.workers.values()
+        for _ in range(300):
+            horses = _children(proc.pid)
+            if sync_redis.hget(job.key, "status") == b"started" and horses:
+                break
+            await asyncio.sleep(0.05)
+        (horse,) = horses
+        for _ in range(200):  # the program under the horse (through the namespace's outer process)
+            if any(b"runner.py" in _cmdline(p) for p in sandbox_processes() if not _zombie(p)):
+                break
+            await asyncio.sleep(0.05)
+        assert any(b"runner.py" in _cmdline(p) for p in sandbox_processes()), "the program never started"
+        proc.kill()
+        proc.wait()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5 and (
+            not _zombie(horse) or any(b"runner.py" in _cmdline(p) for p in sandbox_processes() if not _zombie(p))
+        ):
+            await asyncio.sleep(0.05)
+        assert _zombie(horse), f"the work horse {horse} outlived its worker"
+        assert not [p for p in sandbox_processes() if b"runner.py" in _cmdline(p) and not _zombie(p)]
+    finally:
+        client.close()
+
+
 @pytest.mark.slow
 async def test_a_cancelled_wait_stops_the_running_program(redis_url, queue, sync_redis):
     """A rollout cancelled while its program runs (farm.cancel cancels the wait): the job is

@@ -294,7 +294,7 @@ def _await_and_mirror(pid: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
     """SIGKILL when `parent` dies (set after any uid change, which clears it); gone already: exit now."""
     libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
@@ -322,7 +322,7 @@ def preexec(
             Path("/proc/self/gid_map").write_text(f"0 {outer_gid} 1")
             # Dies with the process that started it (a stopped job's killed work horse), so its PID 1,
             # and with it every process of the run, dies too.
-            _die_with(parent)
+            die_with(parent)
             pid = os.fork()
             if pid:
                 _await_and_mirror(pid)
@@ -332,7 +332,7 @@ def preexec(
             libc().sethostname(b"sandbox", 7)
             os.chdir(RUN_DIR)
         else:
-            _die_with(parent)
+            die_with(parent)
             os.chdir(workdir)
         _rlimits(limits, nproc)
         _no_privileges(namespaces)

@@ -12,6 +12,9 @@ importable function in a job. The worker therefore
   * drops root at start: it takes a sandbox uid of its own (envs.sandbox.isolation) and, if
     the machine allows, a delegated cgroup subtree, then serves as that uid; the runs it
     makes are namespaced under it;
+  * takes its work horses along when it dies: rq forks one per job in a process group of its
+    own, which a SIGKILLed worker would leave running (with its program) until the wall limit;
+    each horse asks for SIGKILL at its worker's death (PR_SET_PDEATHSIG), as the programs do;
   * reads its Redis URL (with the password) from FARM_SANDBOX_REDIS_URL, never argv;
   * talks to a Redis of its own by default: SandboxClient.private() starts a password-protected
     redis-server on 127.0.0.1 for the queue, so the farm's task database is never the
@@ -78,6 +81,13 @@ def _worker_class():
                     self._finalize_failure(job, queue, execution, sys.exc_info())
                 return False
             return super().perform_job(job, queue, execution)
+
+        def main_work_horse(self, job, queue) -> None:
+            # rq forks a horse per job in a process group of its own: it would outlive a worker
+            # killed with SIGKILL (an OOM kill, a pod's end), and so would the program it runs,
+            # until the wall limit. Dying with the worker ends both (the program dies with it).
+            isolation.die_with(self.pid)
+            super().main_work_horse(job, queue)
 
     return SandboxWorker
 
