@@ -58,6 +58,7 @@ class JudgeStats:
     failed: int = 0
     deadline: int = 0
     cache_hits: int = 0
+    latency_s: float = 0.0  # the sum over answered requests
     in_flight: int = 0
     waiting: int = 0
     max_in_flight: int = 0
@@ -69,8 +70,7 @@ class JudgeStats:
             self.pending[name] = self.pending.get(name, 0) + n
 
     def answered(self, latency_s: float) -> None:
-        self.add(ok=1)
-        self.pending["latency_s"] = self.pending.get("latency_s", 0.0) + latency_s
+        self.add(ok=1, latency_s=latency_s)
         b = f"b{judge_stats.bucket(latency_s)}"
         self.pending[b] = self.pending.get(b, 0) + 1
 
@@ -107,7 +107,7 @@ class Judge:
 
     async def call(self, messages: list[dict], sampling: dict[str, Any]) -> tuple[str, float]:
         """The judge's text and the request's latency, within the deadline (slot wait included)."""
-        stats = self.stats
+        stats, session = self.stats, Session()
         try:
             async with asyncio.timeout(self.config.deadline_s):
                 stats.waiting += 1
@@ -120,7 +120,7 @@ class Judge:
                     stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
                     start = time.perf_counter()
                     convo = ChatConversation(messages, [])
-                    turn = await self.client.turn(convo, {**self.config.sampling, **sampling}, Session(), 0)
+                    turn = await self.client.turn(convo, {**self.config.sampling, **sampling}, session, 0)
                     latency = time.perf_counter() - start
                 finally:
                     stats.in_flight -= 1
@@ -131,6 +131,11 @@ class Judge:
         except RolloutFailure as exc:
             stats.add(failed=1)
             raise JudgeFailure(self.name, exc.message.replace("the policy", "the judge")) from None
+        except Exception as exc:  # noqa: BLE001 - e.g. a body that is not JSON, which the client does not map
+            stats.add(failed=1)
+            where = session.replica.url if session.replica is not None else self.config.urls[0]
+            message = f"the judge at {where}/v1 sent an answer the client cannot read: {type(exc).__name__}: {exc}"
+            raise JudgeFailure(self.name, self.client.scrub(message)) from None
         if not turn.text.strip():
             stats.add(failed=1)
             raise JudgeFailure(self.name, f"the judge at {self.config.urls[0]} answered without text")
@@ -271,10 +276,11 @@ _settings: Optional[Settings] = None
 _pool: Optional[JudgePool] = None
 
 
-def install(settings: Optional[Settings]) -> None:
-    """The judges this process's pool serves (AgentContext calls it with the worker's settings)."""
+def install(settings: Optional[Settings], configs: Optional[dict[str, JudgeConfig]] = None) -> None:
+    """The judges this process's pool serves: the settings' (AgentContext calls it with the
+    worker's), or `configs`; figures go to the settings' Redis, none without settings."""
     global _configs, _settings, _pool
-    _configs = dict(settings.judges) if settings is not None else {}
+    _configs = dict(configs if configs is not None else settings.judges if settings is not None else {})
     _settings = settings
     _pool = None
 

@@ -1,0 +1,216 @@
+"""The judge pool (workers/policy/judges.py): settings, limit, deadline, cache, bad judges, figures.
+
+Judges are real servers here: the policy stub in a process of its own (its /stats counts the
+requests it held at once), a raw socket server that answers garbage, a port nothing listens on.
+"""
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+
+from bench.judges import measure
+from envs.llm_judge import LLMJudge
+from envs.sdk import JudgeConfig, JudgeFailure, Transcript, ctx, judging
+from farm import judge_stats
+from farm.embedded import free_port
+from farm.errors import ConfigError, RolloutFailure
+from farm.settings import load_settings
+from workers.loops.env_calls import ProcessJudges, verify
+from workers.policy import judges
+from workers.policy.judges import JudgePool
+from workers.policy.stub.model import Script
+from workers.policy.stub.process import StubProcess
+
+ASK = [{"role": "user", "content": "Is 0.5 the same as 1/2?"}]
+
+
+def test_judge_settings_are_checked_with_clear_errors(tmp_path):
+    path = tmp_path / "farm.yml"
+    cases = {
+        '{urls: ["ftp://x"], model: m}': "judge URL 'ftp://x' must start with http:// or https://",
+        '{urls: ["http://x"], model: m, max_concurrency: 0}': "max_concurrency must be >= 1, got 0",
+        '{urls: ["http://x"], model: m, deadline_s: 0}': "deadline_s must be > 0",
+        "{urls: [], model: m}": "a judge needs urls",
+        '{urls: ["http://x"], model: m, key: k}': "unknown field `key`",
+    }
+    for judge, message in cases.items():
+        path.write_text(f"judges:\n  grader: {judge}\n")
+        with pytest.raises(ConfigError, match="invalid setting judges") as info:
+            load_settings(path, env={})
+        assert message in str(info.value)
+    path.write_text('judges:\n  grader: {urls: ["http://h:1/v1/"], model: m, sampling: {temperature: 0}}\n')
+    judge = load_settings(path, env={}).judges["grader"]
+    assert judge.urls == ["http://h:1"] and judge.max_concurrency == 32 and judge.sampling == {"temperature": 0}
+    path.write_text('judges:\n  "a b": {urls: ["http://h"], model: m}\n')
+    with pytest.raises(ConfigError, match="judge name 'a b'"):
+        load_settings(path, env={})
+
+
+async def test_a_judge_nobody_configured_or_no_pool_is_a_verifier_failure(monkeypatch):
+    with pytest.raises(JudgeFailure, match="judge grader: no judge pool here") as info:
+        await ctx.judge("grader", ASK)
+    assert info.value.kind == "verifier"
+    judges.install(None, {})
+    with judging(ProcessJudges()):
+        with pytest.raises(JudgeFailure, match="judge grader: no such judge; configured under `judges:`: none"):
+            await ctx.judge("grader", ASK)
+    await judges.close_pool()
+
+
+async def test_an_api_key_comes_from_a_file_or_a_variable_never_the_settings(tmp_path, monkeypatch):
+    key = tmp_path / "key"
+    key.write_text("sk-secret\n")
+    assert judges.api_key("g", str(key)) == "sk-secret"
+    monkeypatch.setenv("JUDGE_KEY", "sk-env")
+    assert judges.api_key("g", "JUDGE_KEY") == "sk-env"
+    with pytest.raises(ConfigError, match="judge g: api_key 'NOPE' is neither a readable file"):
+        judges.api_key("g", "NOPE")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit", [8, 32])
+async def test_the_limit_holds_and_an_outage_fails_rollouts_as_verifier_within_the_deadline(limit, tmp_path):
+    """bench/judges.py's measurement, smaller: the judge stub never holds more than the limit (and
+    holds exactly it: the limit is what bounds throughput); with the judge killed every rollout's
+    verifier fails within the deadline while its policy turn succeeds."""
+    got = await measure(256, limit, 0.02, 1.0, 60.0, 1.0, tmp_path)
+    steady, outage = got["steady"], got["outage"]
+    assert steady["ok"] == 256 and steady["judge_requests"] == 256
+    assert steady["judge_max_in_flight_stub"] == limit == steady["judge_max_in_flight_pool"]
+    assert outage["verifier_failed"] == 256 and outage["ok"] == outage["other_failed"] == 0
+    assert outage["policy_turns_ok"] == 256
+    assert outage["slowest_failure_s"] < 1.0 + 1.0
+
+
+@pytest.fixture
+def judge_stub(tmp_path):
+    def start(reply: str, **options) -> StubProcess:
+        stub = StubProcess(Script(chat_replies=[{"content": reply}]), workdir=tmp_path, **options).start()
+        made.append(stub)
+        return stub
+
+    made: list[StubProcess] = []
+    yield start
+    for stub in made:
+        stub.stop()
+
+
+@pytest.mark.slow
+async def test_identical_requests_are_asked_once(judge_stub):
+    stub = judge_stub("[[A=B]]", latency_s=0.2)
+    pool = JudgePool({"grader": JudgeConfig(urls=[stub.url], model="stub", max_concurrency=4)})
+    try:
+        with judging(pool) as context:
+            replies = await asyncio.gather(*(ctx.judge("grader", ASK) for _ in range(16)))
+            again = await ctx.judge("grader", ASK)
+            other = await ctx.judge("grader", ASK, temperature=0.5)  # another request: asked
+    finally:
+        await pool.aclose()
+    assert stub.stats()["POST /v1/chat/completions"] == 2
+    assert [r.cached for r in replies].count(False) == 1 and again.cached and not other.cached
+    assert {r.text for r in replies} == {"[[A=B]]"}
+    assert pool_stats(pool, context) == (18, 16)
+
+
+def pool_stats(pool: JudgePool, context) -> tuple[int, int]:
+    cached = sum(1 for c in context.calls if c["cached"])
+    return len(context.calls), cached
+
+
+@pytest.mark.slow
+async def test_past_its_deadline_a_judge_call_fails_and_frees_its_slot(judge_stub):
+    stub = judge_stub("[[A=B]]", latency_s=5.0)
+    pool = JudgePool({"grader": JudgeConfig(urls=[stub.url], model="stub", max_concurrency=1, deadline_s=0.5)})
+    try:
+        with judging(pool):
+            start = time.perf_counter()
+            with pytest.raises(JudgeFailure, match="no answer within its deadline of 0.5s"):
+                await ctx.judge("grader", ASK)
+            assert time.perf_counter() - start < 1.5
+            # The one slot is free again: a waiting call is not stuck behind the cancelled one.
+            with pytest.raises(JudgeFailure, match="deadline"):
+                await ctx.judge("grader", [{"role": "user", "content": "another"}])
+        stats = pool.judges["grader"].stats
+        assert stats.deadline == 2 and stats.in_flight == 0 and pool.judges["grader"].slots._value == 1
+    finally:
+        await pool.aclose()
+
+
+async def _garbage_server() -> tuple[asyncio.AbstractServer, str]:
+    async def answer(reader, writer):
+        await reader.read(65536)
+        body = b"<html>not json</html>"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.slow
+async def test_bad_judges_end_in_a_recorded_verifier_failure(judge_stub):
+    """Garbage, an unparseable verdict, a refused connection: each fails the rollout as `verifier`
+    with a message that says which judge and why, through the worker's verify()."""
+    server, garbage_url = await _garbage_server()
+    unlabelled = judge_stub("I would say they are probably the same.", latency_s=0.0)
+    refused = f"http://127.0.0.1:{free_port()}"
+    fast = {"deadline_s": 3.0, "max_retries": 0}
+    judges.install(
+        None,
+        {
+            "garbage": JudgeConfig(urls=[garbage_url], model="m", **fast),
+            "unlabelled": JudgeConfig(urls=[unlabelled.url], model="stub", **fast),
+            "refused": JudgeConfig(urls=[refused], model="m", **fast),
+        },
+    )
+    row = {"responses_create_params": {"input": "Capital of France?"}, "expected_answer": "Paris"}
+    reasons = {}
+    try:
+        for name in ("garbage", "unlabelled", "refused"):
+            env = LLMJudge(judge=name)
+            with pytest.raises(RolloutFailure) as info:
+                await verify(env, env.check_row(row), None, Transcript("Paris", [], []), 10.0)
+            assert info.value.kind == "verifier" and not info.value.retryable
+            reasons[name] = info.value.message
+    finally:
+        await judges.close_pool()
+        server.close()
+    assert reasons["garbage"].startswith("judge garbage: the judge at http://127.0.0.1:")
+    assert "cannot read" in reasons["garbage"] or "HTTP" in reasons["garbage"], reasons["garbage"]
+    assert reasons["unlabelled"].startswith("judge unlabelled: verdict without [[A=B]] or [[A!=B]]")
+    assert reasons["refused"].startswith("judge refused: cannot reach the judge at " + refused), reasons["refused"]
+
+
+@pytest.mark.slow
+async def test_judge_calls_are_recorded_and_counted_into_redis(judge_stub, settings, sync_redis):
+    stub = judge_stub("Same. [[A=B]]", latency_s=0.05)
+    settings = msgspec.structs.replace(
+        settings, judges={"grader": JudgeConfig(urls=[stub.url], model="stub", max_concurrency=2)}
+    )
+    judges.install(settings)
+    env = LLMJudge(judge="grader")
+    row = env.check_row({"responses_create_params": {"input": "Capital of France?"}, "expected_answer": "Paris"})
+    verdicts = []
+    for answer in ("Paris", "Paris", "paris"):
+        verdicts.append(await verify(env, row, None, Transcript(answer, [], []), 10.0))
+    pool = judges.process_pool()
+    await pool.export(pool_redis(settings))
+    await judges.close_pool()
+    calls = verdicts[0].metrics["judge_calls"]
+    assert len(calls) == 1 and calls[0]["judge"] == "grader" and calls[0]["text"] == "Same. [[A=B]]"
+    assert calls[0]["latency_s"] >= 0.05 and verdicts[1].metrics["judge_calls"][0]["cached"] is True
+    assert verdicts[0].metrics["judge_verdicts"] == ["[[A=B]]"] and verdicts[0].reward == 1.0
+    figures = judge_stats.summary(sync_redis, settings.keys)["grader"]
+    assert figures["calls"] == 3 and figures["ok"] == 2 and figures["cache_hits"] == 1 and figures["failed"] == 0
+    assert figures["calls_per_s"] > 0 and figures["latency_mean_s"] >= 0.05 and figures["max_in_flight"] == 1
+    assert sum(figures["buckets"]) == 2
+
+
+def pool_redis(settings):
+    from farm.connection import connect
+
+    return connect(settings)
