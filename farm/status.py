@@ -6,7 +6,8 @@ farm.state.QueueState.waiting), then `pending` (in flight: delivered to a worker
 group's lag, or what the stream's length and pending imply before a worker read it, as the
 dashboard and /metrics count it), `delayed`, `dead` and the settle counts; per
 run with tasks queued or in flight, its share, cap, queued, in flight and rollouts done per minute
-over the last one to two minutes (the last full minute's history bucket and the current one's).
+over the last one to two minutes (the last full minute's history bucket and the current one's);
+and per judge (`judges:`) its calls per second, failures, latency and cache hits (farm/judge_stats.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Optional
 
 import redis
 
-from farm import history, state
+from farm import history, judge_stats, state
 from farm.keys import Keys
 
 # The stats-hash counts `farm status` shows per agent, in its columns' order: how tasks ended
@@ -43,7 +44,11 @@ def collect_status(r: redis.Redis, keys: Keys, now: Optional[float] = None) -> d
             "lag": q.unread,  # the dashboard's lag: never None, so queued == backlog + lag always
             "runs": [{**asdict(run), **history.run_rate(rates, run.run_id)} for run in q.runs],
         }
-    return {"agents": agents, "workers": state.live_workers(r, keys).listing()}
+    return {
+        "agents": agents,
+        "workers": state.live_workers(r, keys).listing(),
+        "judges": judge_stats.summary(r, keys, now),
+    }
 
 
 def _n(value: Any) -> str:
@@ -94,6 +99,30 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
             *(_n(info.get(k, 0)) for k in ("concurrency", "inflight", "done", "failed")),
         )
     console.print(w)
+    if status.get("judges"):
+        console.print(judge_table(status["judges"]))
+
+
+def judge_table(judges: dict[str, dict]):
+    """Per judge (farm/judge_stats.py): calls per second and failures per minute over the last
+    minutes, mean and p99 latency (p99: a histogram bucket's upper edge), and totals."""
+    from rich.text import Text
+
+    t = agent_table("judges", ("calls/s", "fail/min", "mean s", "p99 s", "calls", "failed", "cached"), 20, "judge")
+    t.collapse_padding = True
+    for name, j in judges.items():
+        mean, p99 = j["latency_mean_s"], j["latency_p99_s"]
+        t.add_row(
+            Text(name),
+            f"{j['calls_per_s']:,.2f}",
+            f"{j['failed_per_min']:,.1f}",
+            "-" if mean is None else f"{mean:.3f}",
+            "-" if p99 is None else ("inf" if p99 == float("inf") else f"{p99:g}"),
+            _n(j["calls"]),
+            _n(j["failed"]),
+            _n(j["cache_hits"]),
+        )
+    return t
 
 
 def run_table(agent: str, runs: list[dict]):

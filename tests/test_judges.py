@@ -214,3 +214,47 @@ def pool_redis(settings):
     from farm.connection import connect
 
     return connect(settings)
+
+
+async def test_judge_figures_reach_farm_status_the_dashboard_and_metrics(settings, sync_redis):
+    """What a worker's pool counted, added to Redis, read back by `farm status`, the overview page
+    and /metrics (counts set by hand: this is about the figures' way, not about a judge)."""
+    from fastapi.testclient import TestClient
+    from rich.console import Console
+
+    from farm.connection import connect
+    from farm.dashboard.app import create_app
+    from farm.status import collect_status, render_status
+
+    pool = JudgePool({"grader": JudgeConfig(urls=["http://127.0.0.1:9"], model="m")}, settings)
+    stats = pool.judge("grader").stats
+    stats.add(calls=4, cache_hits=1, failed=1, deadline=1)
+    stats.answered(0.3)
+    stats.answered(0.07)
+    stats.max_in_flight = 2
+    r = connect(settings)
+    await pool.export(r)
+    await pool.export(r)  # nothing new: adds nothing
+    await r.aclose()
+    await pool.aclose()
+
+    status = collect_status(sync_redis, settings.keys)
+    grader = status["judges"]["grader"]
+    counts = [grader[k] for k in ("calls", "ok", "failed", "deadline", "cache_hits")]
+    assert counts == [4, 2, 1, 1, 1]
+    assert grader["latency_mean_s"] == pytest.approx(0.185) and grader["latency_p99_s"] == 0.5
+    assert grader["max_in_flight"] == 2 and grader["calls_per_s"] > 0
+    console = Console(width=80, record=True)
+    render_status(status, console=console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("grader"))
+    assert line.split()[-3:] == ["4", "1", "1"]
+
+    with TestClient(create_app(settings, sync_redis)) as web:
+        page = web.get("/").text
+        metrics = web.get("/metrics").text
+    assert 'id="judges"' in page and '<tr data-judge="grader">' in page and '<td data-k="calls">4</td>' in page
+    assert 'farm_judge_calls_total{judge="grader"} 4.0' in metrics
+    assert 'farm_judge_deadline_failures_total{judge="grader"} 1.0' in metrics
+    assert 'farm_judge_latency_seconds_bucket{judge="grader",le="0.1"} 1.0' in metrics
+    assert 'farm_judge_latency_seconds_count{judge="grader"} 2.0' in metrics
+    assert 'farm_judge_max_in_flight{judge="grader"} 2.0' in metrics

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import msgspec
 import redis
 
-from farm import history, schema, state
+from farm import history, judge_stats, schema, state
 from farm.deadletters import STREAM_ID
 from farm.errors import SchemaError
 from farm.keys import Keys
@@ -90,6 +90,7 @@ def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min
         "rate_min_rollouts": RATE_MIN_ROLLOUTS,
         "agents": rows,
         "workers": live,
+        "judges": judge_stats.summary(r, keys, now),  # per judge: calls/s, latency, failures, cache hits
     }
 
 

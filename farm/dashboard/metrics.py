@@ -5,7 +5,8 @@ carry an `agent` label; deploy/monitoring's Grafana panels and alert rules use o
 Gauges are the overview's figures over its 5-minute window; `*_total` counters come from the
 agents' stats hashes, which only grow. The `farm_run_*` gauges also carry a `run` label, one
 series per run with tasks queued or in flight (a run's series ends when it has neither).
-`router` serves them; `FarmCollector` computes them.
+The `farm_judge_*` series carry a `judge` label instead (farm/judge_stats.py: what the worker
+processes' judge pools counted). `router` serves them; `FarmCollector` computes them.
 """
 
 from __future__ import annotations
@@ -112,6 +113,46 @@ class FarmCollector(Collector):
                     value = float(row.get("counters", {}).get(f, 0))
                     c.add_metric([agent, f] if len(fields) > 1 else [agent], value)
             yield c
+        yield from judge_metrics(view.get("judges", {}))
+
+
+JUDGE_COUNTERS = {
+    "farm_judge_calls": ("Judge calls verifiers made (cache hits included).", "calls"),
+    "farm_judge_answers": ("Judge requests answered.", "ok"),
+    "farm_judge_failures": ("Judge calls that failed (the rollout failed as verifier).", "failed"),
+    "farm_judge_deadline_failures": ("Judge calls that failed past the judge's deadline_s.", "deadline"),
+    "farm_judge_cache_hits": ("Judge calls answered from the cache of identical requests.", "cache_hits"),
+}
+
+
+def judge_metrics(judges: dict[str, dict[str, Any]]):
+    """Per judge (farm/judge_stats.py): counters, the latency histogram, calls/s and the peak in flight."""
+    from prometheus_client.core import HistogramMetricFamily
+
+    from farm.judge_stats import BUCKETS_S
+
+    for name, (doc, key) in JUDGE_COUNTERS.items():
+        c = CounterMetricFamily(name, doc, labels=["judge"])
+        for judge, row in judges.items():
+            c.add_metric([judge], row[key])
+        yield c
+    h = HistogramMetricFamily("farm_judge_latency_seconds", "Latency of answered judge requests.", labels=["judge"])
+    for judge, row in judges.items():
+        cumulative, buckets = 0.0, []
+        for edge, n in zip(BUCKETS_S, row["buckets"]):
+            cumulative += n
+            buckets.append(("+Inf" if edge == float("inf") else f"{edge:g}", cumulative))
+        h.add_metric([judge], buckets, sum_value=row["latency_s"])
+    yield h
+    rate = GaugeMetricFamily("farm_judge_calls_per_second", "Judge calls per second, last minutes.", labels=["judge"])
+    peak = GaugeMetricFamily(
+        "farm_judge_max_in_flight", "The most requests one worker process had at the judge at once.", labels=["judge"]
+    )
+    for judge, row in judges.items():
+        rate.add_metric([judge], row["calls_per_s"])
+        peak.add_metric([judge], row["max_in_flight"])
+    yield rate
+    yield peak
 
 
 def registry(read: Callable[[], dict[str, Any]]) -> CollectorRegistry:
