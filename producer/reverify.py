@@ -4,24 +4,13 @@ A verifier gets fixed (a checker that missed `\\frac12`, a judge prompt that was
 the rollouts already collected were scored by the old one. Generating them again costs the
 policy's time; scoring them again costs only the verifier's, so this reads the JSONL that
 `farm collect` wrote and asks each row's environment for a new verdict, as NeMo Gym's
-`gym eval reverify` does.
+`gym eval reverify` does. How one line is scored again, and what its output line holds, is
+producer/rescore.py; the table at the end is producer/reverify_report.py.
 
-How a stored rollout is scored again: the row is checked as the worker checks it (read_row),
-a fresh state is built and the rollout's recorded tool calls are replayed on it in order (a
-verifier that reads the state, e.g. which cities were looked up, sees what the worker's did),
-and the transcript is rebuilt from the output items (the final text is the last assistant
-message; a harness's own grade comes back from `metrics.reported_reward`). Then the worker's
-own verify step (workers/loops/env_calls.verify) runs: the environment's `verify`, its CPU pool
-and the judges the settings name (`ctx.judge`) included, under its `verify_timeout_s`; a
-verifier that raises is a recorded failure, never a 0. Nothing here builds a policy client.
-
-Each output line is the input line with the new reward, components and verifier_version in
-`rollout`, the old ones beside it (`reward_before`, `reward_components_before`,
-`verifier_version_before`), and `reverify` (the input line number, the outcome, whether the
-reward changed). Lines that cannot be scored again (an environment that does not load, a
-verifier that fails, a stored rollout without an answer) go to `*_failures.jsonl` with their
-`reason`, unchanged otherwise. Lines that are not collect rows (torn by a crash, or foreign)
-are reported by line number and skipped, or abort the run with `--strict`.
+Lines that cannot be scored again (an environment that does not load, a verifier that fails, a
+stored rollout without an answer) go to `*_failures.jsonl` with their `reason`. Lines that are
+not collect rows (torn by a crash, or foreign) are reported by line number and skipped, or
+abort the run with `--strict`, before anything is written.
 
 Why it can resume: a line's identity is its line number in the input, which the run file
 (`*_run.json`) ties to one input path. `--resume` cuts a partial last line and skips the
@@ -32,35 +21,29 @@ appended in one write each batch (producer.output.Journal), so a kill never tear
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-import msgspec
-
-from envs.sdk import Environment, Transcript, Verdict, load_env
-from farm.errors import ConfigError, FarmError, RolloutFailure
+from envs.sdk import Environment, load_env
+from farm.errors import ConfigError, FarmError
 from farm.settings import Settings
 from producer.collect import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, _sigint_as_flag
 from producer.output import BadLine, InputError, Journal, Paths, read_json, read_records, repair_tail, write_json
 from producer.progress import Live, live_progress
-from workers.loops.env_calls import call_tool, close_judges, read_row, verify
+from producer.rescore import Stored, one_line, read_stored
+from producer.reverify_report import render, summarize
+from workers.loops.env_calls import close_judges
 from workers.policy.judges import install as install_judges
 
-__all__ = ["ReverifyOptions", "render", "rescore", "run_reverify", "transcript_of"]
+__all__ = ["ReverifyOptions", "render", "run_reverify", "summarize"]
 
 log = logging.getLogger("farm.reverify")
-
-_decode = msgspec.json.Decoder()
-_encode = msgspec.json.Encoder()
-
-ANSWERED = ("ok", "truncated")
 
 
 @dataclass
@@ -75,41 +58,6 @@ class ReverifyOptions:
     progress: bool = True
     progress_every_s: float = 5.0
     max_bad_lines_shown: int = 20
-
-
-@dataclass
-class Stored:
-    line: int  # 1-based line number in the input: the line's identity
-    agent: str
-    record: dict
-
-
-# -- the input ------------------------------------------------------------------------------
-
-
-def read_stored(path: Path, agent: Optional[str] = None) -> Iterator[Stored | BadLine]:
-    """The collect rows and the bad lines of a rollouts file, in order, one line in memory at a time."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if raw.strip():
-                yield _parse(raw, number, agent)
-
-
-def _parse(raw: bytes, number: int, agent: Optional[str]) -> Stored | BadLine:
-    try:
-        rec = _decode.decode(raw)
-    except msgspec.DecodeError as exc:
-        return BadLine(number, f"not valid JSON, e.g. a line torn by a crash ({exc})")
-    except UnicodeDecodeError as exc:
-        return BadLine(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
-    if not isinstance(rec, dict) or not isinstance(rec.get("rollout"), dict) or not isinstance(rec.get("row"), dict):
-        return BadLine(number, "not a rollout line of `farm collect` (it needs `row` and `rollout` objects)")
-    if not isinstance(rec["rollout"].get("status"), str):
-        return BadLine(number, "its `rollout` has no `status`")
-    name = agent or rec.get("agent")
-    if not isinstance(name, str) or not name:
-        return BadLine(number, "no `agent` (pass --agent to name the environment for every line)")
-    return Stored(line=number, agent=name, record=rec)
 
 
 @dataclass
@@ -158,108 +106,6 @@ def environment_for(name: str, settings: Settings) -> Environment:
     agent's env and env_options, else a registered environment or `module:Class`."""
     cfg = settings.agents.get(name)
     return load_env(cfg.env if cfg else name, cfg.env_options if cfg else None)
-
-
-# -- scoring one stored rollout -------------------------------------------------------------
-
-
-def transcript_of(rollout: dict) -> Transcript:
-    """What the verifier saw, rebuilt from the stored rollout's output items."""
-    output = rollout.get("output") or []
-    final, calls = "", []
-    for item in output:
-        if not isinstance(item, dict):
-            continue
-        if item.get("type") == "message" and item.get("role") == "assistant":
-            content = item.get("content")
-            parts = content if isinstance(content, list) else [{"text": content}]
-            final = "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
-        elif item.get("type") == "function_call" and item.get("name"):
-            calls.append({"name": item["name"], "arguments": _arguments(item)})
-    metrics = rollout.get("metrics") or {}
-    reported = metrics.get("reported_reward")
-    return Transcript(
-        final_text=final,
-        output=output,
-        tool_calls=calls,
-        truncated=rollout.get("status") == "truncated",
-        reported=Verdict(float(reported)) if isinstance(reported, (int, float)) else None,
-    )
-
-
-def _arguments(item: dict) -> Any:
-    try:
-        return json.loads(item.get("arguments") or "{}")
-    except ValueError:
-        return item.get("arguments")
-
-
-async def replay_tools(env: Environment, state: Any, output: list, timeout_s: float) -> None:
-    """The recorded tool calls run again, in order, on the fresh state (their results are not
-    needed: the output items hold what the model saw)."""
-    tools = {t.name: t for t in env.tools()}
-    if not tools:
-        return
-    counts = {"bad_tool_calls": 0, "tool_errors": 0, "tool_calls": 0}
-    for item in output:
-        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("name"):
-            args = _arguments(item)
-            if item.get("status") != "incomplete" and isinstance(args, dict):
-                await call_tool(tools, item["name"], args, state, timeout_s, counts)
-
-
-async def rescore(env: Environment, row: dict, rollout: dict) -> Verdict:
-    """The environment's verdict on a stored rollout; RolloutFailure when the row does not fit
-    (malformed) or the verifier fails (verifier), as in the worker."""
-    typed, _params, _messages, _followups = read_row(env, row)
-    state = env.new_state(typed)
-    await replay_tools(env, state, rollout.get("output") or [], env.agent.tool_timeout_s)
-    return await verify(env, typed, state, transcript_of(rollout), env.agent.verify_timeout_s)
-
-
-def _reward(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-async def one_line(env: Environment | str, stored: Stored) -> tuple[bytes, Optional[Verdict]]:
-    """The output line for `stored` (`env`: its environment, or why there is none) and the new
-    verdict (None: not scored again; the line belongs in the failures file, with its reason)."""
-    rec = dict(stored.record)
-    before = rec["rollout"]
-    rec["reward_before"] = before.get("reward")
-    rec["reward_components_before"] = before.get("reward_components") or {}
-    rec["verifier_version_before"] = before.get("verifier_version") or ""
-    meta: dict[str, Any] = {"input_line": stored.line}
-    rec["reverify"] = meta
-    verdict: Optional[Verdict] = None
-    if isinstance(env, str):
-        meta["outcome"], rec["reason"] = "unknown_environment", env
-    elif before["status"] not in ANSWERED:
-        error = before.get("error") or {}
-        meta["outcome"] = "no_answer"
-        what = f"{error.get('kind')}: {error.get('message')}"
-        rec["reason"] = f"nothing to score: the stored rollout is {before['status']} ({what})"
-    else:
-        start = time.perf_counter()
-        try:
-            verdict = await rescore(env, rec["row"], before)
-        except RolloutFailure as exc:
-            meta["outcome"], rec["reason"] = exc.kind.value, f"{exc.kind.value}: {exc.message}"
-        else:
-            old = _reward(before.get("reward"))
-            meta.update(
-                outcome="rescored",
-                changed=old is None or abs(old - verdict.reward) > 1e-9,
-                verify_s=round(time.perf_counter() - start, 6),
-            )
-            rec["rollout"] = {
-                **before,
-                "reward": verdict.reward,
-                "reward_components": verdict.components,
-                "metrics": {**(before.get("metrics") or {}), **verdict.metrics},
-                "verifier_version": env.verifier_version,
-            }
-    return _encode.encode(rec) + b"\n", verdict
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -459,90 +305,3 @@ def run_reverify(settings: Settings, options: ReverifyOptions) -> dict[str, Any]
         print(f"{not_scored:,} rollout(s) not re-scored: their reasons are in {paths.failures}", file=sys.stderr)
     summary["exit_code"] = EXIT_INTERRUPTED if interrupted else EXIT_FAILED if not_scored else EXIT_OK
     return summary
-
-
-# -- the report -----------------------------------------------------------------------------
-
-
-def summarize(paths: Paths, agent: Optional[str] = None) -> dict[str, dict[str, Any]]:
-    """Per agent, from the output files (so a resumed run reports all of it): lines, re-scored,
-    rewards changed, not re-scored by reason, lines without a recorded version, the versions
-    before and after, and the mean reward before and after over the re-scored lines."""
-    out: dict[str, dict[str, Any]] = {}
-    for p in (paths.journal, paths.failures):
-        for rec in read_records(p):
-            name = agent or rec["agent"]
-            a = out.setdefault(
-                name,
-                {
-                    "lines": 0,
-                    "rescored": 0,
-                    "changed": 0,
-                    "failed": 0,
-                    "no_answer": 0,
-                    "unknown_environment": 0,
-                    "unversioned": 0,
-                    "versions_before": Counter(),
-                    "version_after": "",
-                    "_before": 0.0,
-                    "_after": 0.0,
-                    "_both": 0,
-                },
-            )
-            meta = rec["reverify"]
-            a["lines"] += 1
-            a["versions_before"][rec["verifier_version_before"] or "-"] += 1
-            a["unversioned"] += not rec["verifier_version_before"]
-            outcome = meta["outcome"]
-            if outcome == "rescored":
-                a["rescored"] += 1
-                a["changed"] += bool(meta["changed"])
-                a["version_after"] = rec["rollout"]["verifier_version"]
-                old = _reward(rec["reward_before"])
-                if old is not None:
-                    a["_before"] += old
-                    a["_after"] += rec["rollout"]["reward"]
-                    a["_both"] += 1
-            elif outcome in ("no_answer", "unknown_environment"):
-                a[outcome] += 1
-            else:
-                a["failed"] += 1
-    for a in out.values():
-        n = a.pop("_both")
-        before, after = a.pop("_before"), a.pop("_after")
-        a["mean_reward_before"] = before / n if n else None
-        a["mean_reward_after"] = after / n if n else None
-        a["versions_before"] = dict(a["versions_before"])
-    return dict(sorted(out.items()))
-
-
-def render(agents: dict[str, dict[str, Any]], title: str = "") -> str:
-    """The per-agent table: how many rewards changed, and the mean reward before and after."""
-
-    def mean(x: Optional[float]) -> str:
-        return "-" if x is None else f"{x:.3f}"
-
-    head = (
-        f"{'agent':<20} {'lines':>7} {'rescored':>8} {'changed':>7} {'not':>5} {'version':>12} "
-        f"{'before':>7} {'after':>7}"
-    )
-    lines = [title, head] if title else [head]
-    for name, a in agents.items():
-        before = "/".join(sorted(a["versions_before"]))
-        version = f"{before}->{a['version_after'] or '?'}"
-        lines.append(
-            f"{name[:20]:<20} {a['lines']:>7,} {a['rescored']:>8,} {a['changed']:>7,} "
-            f"{a['failed'] + a['no_answer'] + a['unknown_environment']:>5,} {version[:12]:>12} "
-            f"{mean(a['mean_reward_before']):>7} {mean(a['mean_reward_after']):>7}"
-        )
-    notes = []
-    for name, a in agents.items():
-        if a["unversioned"]:
-            notes.append(f"{name}: {a['unversioned']:,} line(s) recorded no verifier_version (scored before versions)")
-        if a["unknown_environment"]:
-            notes.append(f"{name}: {a['unknown_environment']:,} line(s) not re-scored: the environment is unknown")
-        if a["failed"]:
-            notes.append(f"{name}: {a['failed']:,} line(s) whose verifier failed (a verifier or malformed failure)")
-        if a["no_answer"]:
-            notes.append(f"{name}: {a['no_answer']:,} stored rollout(s) without an answer (failed or cancelled)")
-    return "\n".join(lines + notes)

@@ -28,7 +28,8 @@ from farm.errors import UnknownAgent
 from farm.schema import AgentRef, Rollout, RolloutError, Status
 from farm.settings import Settings, load_settings
 from producer.output import InputError, Paths, read_records, rollout_record
-from producer.reverify import ReverifyOptions, render, run_reverify, transcript_of
+from producer.rescore import transcript_of
+from producer.reverify import ReverifyOptions, render, run_reverify
 
 TESTS = str(Path(__file__).resolve().parent)
 
