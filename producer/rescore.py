@@ -28,7 +28,7 @@ from typing import Any, Iterator, Optional
 import msgspec
 
 from envs.sdk import Environment, Transcript, Verdict
-from farm.errors import RolloutFailure
+from farm.errors import RolloutFailure, where
 from producer.output import BadLine
 from workers.loops.env_calls import call_tool, read_row, verify
 
@@ -154,6 +154,8 @@ async def one_line(env: Environment | str, stored: Stored) -> tuple[bytes, Optio
             verdict = await rescore(env, rec["row"], before)
         except RolloutFailure as exc:
             meta["outcome"], rec["reason"] = exc.kind.value, f"{exc.kind.value}: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - the environment's new_state failing fails this line, not the run
+            meta["outcome"], rec["reason"] = "error", f"error: {type(exc).__name__}: {exc}{where(exc)}"
         else:
             old = reward_of(before.get("reward"))
             meta.update(

@@ -50,6 +50,11 @@ class Exact(Environment):
             raise ValueError("cannot read the expected answer")
         return Verdict(reward=float(transcript.final_text == row.expected), components={"exact": 1.0})
 
+    def new_state(self, row: AnswerRow):
+        if row.expected == "stateless":
+            raise RuntimeError("no state for this row")
+        return None
+
 
 class Lenient(Exact):
     """The fixed verifier: case and surrounding spaces no longer matter."""
@@ -189,15 +194,18 @@ def test_unknown_environments_unversioned_and_unanswered_lines_are_reported(tmp_
 
 
 def test_a_verifier_that_fails_is_recorded_never_scored(tmp_path):
-    recs = answers(4) + [record(4, "paris", "boom")]
+    recs = answers(4) + [record(4, "paris", "boom"), record(5, "paris", "stateless")]
     inp = write(tmp_path / "rollouts.jsonl", recs)
     summary = run_reverify(offline(), opts(tmp_path, inp, agent="test_reverify:Lenient"))
     assert summary["exit_code"] == 1
-    (failed,) = read_records(tmp_path / "new_failures.jsonl")
+    failed, stateless = sorted(read_records(tmp_path / "new_failures.jsonl"), key=lambda r: r["row_index"])
     assert failed["reverify"]["outcome"] == "verifier"
     assert failed["reason"].startswith("verifier: verifier raised ValueError: cannot read the expected answer")
     assert failed["rollout"]["reward"] == 0.0 and failed["rollout"]["verifier_version"] == "1"  # untouched
-    assert summary["agents"]["test_reverify:Lenient"]["failed"] == 1
+    assert stateless["reverify"]["outcome"] == "error"
+    assert stateless["reason"].startswith("error: RuntimeError: no state for this row")
+    assert summary["agents"]["test_reverify:Lenient"]["failed"] == 2
+    assert len(list(read_records(tmp_path / "new.jsonl"))) == 4
 
 
 def test_torn_and_foreign_lines_are_reported_or_refused(tmp_path, capsys):
