@@ -8,6 +8,7 @@ The URL tests need no server; the others start a primary, a replica and three Se
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections import Counter
 
 import pytest
@@ -19,6 +20,7 @@ from helpers.waiting import wait_for
 from farm import schema
 from farm.connection import Durability, answers, connect, connect_sync, durability_of, parse_sentinel
 from farm.errors import ConfigError, RedisAuthError, RedisUnavailable
+from farm.keys import GROUP
 from farm.schema import Status
 from farm.scripts import SETTLED
 from farm.settler import Settler
@@ -218,6 +220,42 @@ async def test_the_settler_waits_for_a_replica_once_per_batch(cluster, namespace
     assert greedy.wait.short == Counter({"settling rollouts": 1})
     await greedy.close()
     await r2.aclose()
+    await r.aclose()
+
+
+@pytest.mark.slow
+async def test_what_a_failover_keeps_is_what_a_full_wait_acknowledged(cluster, namespace):
+    """The promise of docs/failover.md, both ways. A settle acknowledged after a full WAIT is on
+    the replica, so it survives the master's death. A settle acknowledged while the replica was
+    cut off (its WAIT came back short: counted, logged) is lost with the master: on the promoted
+    replica the task is pending again, to be reclaimed and run again, and its rollout is not there."""
+    settings = make_settings(cluster.url, namespace)
+    r, stream, tasks, ids = await consumer_with_tasks(settings, 2)
+    ops = [
+        stream.reply_op(i, schema.Rollout.for_task(t, status=Status.ok, reward=1.0), t.reply_to)
+        for i, t in zip(ids, tasks)
+    ]
+    assert await r.wait(1, 2000) == 1, "the replica has both pending tasks"
+    settler = Settler(r, Outage.for_settings(settings), wait=Durability(1, 300))
+    settler.start()
+    assert await settler.run(ops[0]) == SETTLED
+    assert not settler.wait.short, "the first settle is on the replica"
+
+    replica = cluster.replica_ports[0]
+    master = cluster.master()
+    cluster.servers[replica].send_signal(signal.SIGSTOP)  # cut off: it can neither read nor reconnect
+    cluster.client(master).client_kill_filter(_type="replica")
+    assert await settler.run(ops[1]) == SETTLED, "acknowledged all the same"
+    assert settler.wait.short == Counter({"settling rollouts": 1}), "and the short WAIT counted"
+    cluster.kill_master()
+    cluster.servers[replica].send_signal(signal.SIGCONT)
+    cluster.wait_failover(master)
+
+    promoted = cluster.client(cluster.master())
+    assert promoted.xlen(tasks[0].reply_to) == 1, "only the fully acknowledged rollout survived"
+    pending = promoted.xpending(settings.keys.tasks("noop"), GROUP)["pending"]
+    assert pending == 1, "the other task is pending again, to be reclaimed and run again"
+    await settler.close()
     await r.aclose()
 
 
