@@ -72,6 +72,13 @@ class Options(msgspec.Struct, kw_only=True):
     prefix_cache_tokens: int = 0  # the replica's prefix cache, in tokens (0: off)
     prefill_s_per_token: float = 0.0  # added to a completion's latency per uncached prompt token
     filler_tokens: int = 0  # ids drawn from the script's filler at the start of each token reply
+    # Token by token (generate.py, engine.py): a streamed reply's pace, and the engine mode.
+    per_token_s: Optional[float] = None  # seconds per generated token (None: the drawn latency, spread)
+    engine: bool = False  # continuous batching in decode steps, with KV capacity and preemption
+    step_s: float = 0.02  # engine: one decode step's fixed time ...
+    step_s_per_seq: float = 0.0002  # ... plus this per running sequence
+    max_num_seqs: int = 256  # engine: running sequences at most (vLLM's --max-num-seqs)
+    kv_capacity_tokens: int = 0  # engine: KV cache in tokens over running sequences (0: unbounded)
 
     def check(self, script: Script) -> None:
         if self.latency_dist not in DISTS:
@@ -86,6 +93,12 @@ class Options(msgspec.Struct, kw_only=True):
             raise ValueError("prefix_cache_tokens and prefill_s_per_token must be >= 0")
         if self.filler_tokens < 0 or (self.filler_tokens and not script.filler):
             raise ValueError("filler_tokens must be >= 0, and needs the script's filler ids")
+        if (self.per_token_s is not None and self.per_token_s < 0) or self.step_s < 0 or self.step_s_per_seq < 0:
+            raise ValueError("per_token_s, step_s and step_s_per_seq must be >= 0")
+        if self.max_num_seqs < 1 or self.kv_capacity_tokens < 0:
+            raise ValueError("max_num_seqs must be >= 1 and kv_capacity_tokens >= 0")
+        if self.engine and self.step_s + self.step_s_per_seq <= 0:
+            raise ValueError("engine mode needs step_s or step_s_per_seq > 0")
 
 
 class State:

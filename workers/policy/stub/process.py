@@ -2,7 +2,7 @@
 
 Keyword options beyond latency_s and jitter_s are the server's command-line options by name
 (`latency_dist="lognormal"`, `sigma=1.0`, `seed=0`, `pick="random"`, `weights=[3, 1]`,
-`fault=503`, `prefix_cache_tokens=65536`, `prefill_s_per_token=2e-5`, ...); the same names
+`fault=503`, `prefix_cache_tokens=65536`, `prefill_s_per_token=2e-5`, `engine=True`, ...); the same names
 change them at run time through `control()`. `prefix_cache()` reads the replica's prefix-cache
 counters.
 """
@@ -48,6 +48,9 @@ class StubProcess:
         self.log_path = log_path or self.workdir / f"policy-stub-{self.port}.log"
         self.args = ["--latency", str(latency_s), "--jitter", str(jitter_s)]
         for key, value in options.items():
+            if isinstance(value, bool):  # a flag (engine=True): named or left out
+                self.args += [f"--{key.replace('_', '-')}"] if value else []
+                continue
             if isinstance(value, (list, tuple)):
                 value = ",".join(map(str, value))
             if value is not None:
