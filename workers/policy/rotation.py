@@ -40,6 +40,14 @@ bring a replica back, errors never take one out. `failure_penalty_s`: a replica 
 failed that recently goes last among the ready ones for new rollouts (the openai backend's
 COOLDOWN_S; 0, no effect, for the token client).
 
+Load (`adaptive_load`, load.py). A replica may carry an in-flight limit (`cap`) that a poll of
+its /metrics moves to where its throughput peaks. `pick` treats a replica at its limit as
+taking nothing more for now, without moving anyone: a rollout waits for a slot on its own
+replica, a group's sample for its home (unless the home is crowded, as above), a new group for
+any replica with room; `take` waits for that slot (woken as requests there end, and every
+SLOT_RECHECK_S in any case) within the caller's deadline, the retry budget. A replica without a
+limit (no /metrics, adaptive_load off) always has room: the placement above, unchanged.
+
 Routers in front of the servers (vLLM's production-stack router, SGLang's gateway) place
 requests themselves; `route_headers` sends each request the keys they route on (header name ->
 "group" or "session"), e.g. {"X-SMG-Routing-Key": "group"} for SGLang's consistent hashing.
@@ -53,7 +61,7 @@ import logging
 import random
 import time
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -61,11 +69,13 @@ import aiohttp
 
 from farm.transport import backoff_delay
 from workers.policy.config import PolicyConfig
+from workers.policy.load import LoadMonitor
 
 log = logging.getLogger("farm.policy")
 
 GROUPS_KEPT = 65_536  # group homes remembered (least recently used dropped first)
 NEAR = 0.25  # a new group's home: a replica within this x the mean load of the least loaded
+SLOT_RECHECK_S = 0.25  # a request waiting for a replica's slot looks again at least this often
 
 
 @dataclass
@@ -82,9 +92,14 @@ class Replica:
     last_error: str = ""
     failed_at: float = float("-inf")  # monotonic time of the last failed request
     session: Optional[aiohttp.ClientSession] = None  # the token backend's connections to it
+    cap: Optional[int] = None  # in-flight limit from its load (load.py); None: no limit
 
     def ready(self, now: float) -> bool:
         return self.healthy and now >= self.cool_until
+
+    def has_slot(self) -> bool:
+        """Below its in-flight limit (always, without one)."""
+        return self.cap is None or self.outstanding < self.cap
 
 
 @dataclass
@@ -107,6 +122,7 @@ class Session:
     moves: int = 0
     requests: int = 0
     home: Optional[Home] = field(default=None, repr=False)  # the group's home when it was placed there
+    wanted: Optional[Replica] = field(default=None, repr=False)  # the full replica pick() waits for
 
     def end(self) -> None:
         if self.replica is not None:
@@ -143,6 +159,10 @@ class Rotation:
         self._health: Optional[aiohttp.ClientSession] = None
         self._ready: Optional[asyncio.Event] = None
         self._wake: Optional[asyncio.TimerHandle] = None
+        self.load = LoadMonitor(config, self.replicas, self._pump) if config.adaptive_load and probes else None
+        self._load_task: Optional[asyncio.Task] = None
+        self._waiters: dict[Optional[str], deque[asyncio.Future]] = {}  # replica url (None: any) -> FIFO
+        self._pump_soon = False
 
     def _event(self) -> asyncio.Event:
         if self._ready is None:
@@ -181,10 +201,13 @@ class Rotation:
         goes last). None when no replica is ready."""
         now = time.monotonic()
         current = session.replica
+        session.wanted = None
         if current is not None and current.ready(now):
-            return current
+            return current if current.has_slot() else self._full(session, current)
         home = self._home(session.group) if self.config.routing == "group" and session.group else None
         if home is not None and home.replica.ready(now) and not self._crowded(home, now):
+            if not home.replica.has_slot():
+                return self._full(session, home.replica)
             return self._place(session, home.replica, home)
         homeless = session.group if (home is None or not home.replica.ready(now)) else None
         best = self._least_loaded(now, homeless if self.config.routing == "group" else None)
@@ -193,6 +216,12 @@ class Rotation:
         if homeless and self.config.routing == "group":
             home = self._rehome(homeless, best)  # a new group, or one whose home left rotation
         return self._place(session, best, home if home is not None and home.replica is best else None)
+
+    @staticmethod
+    def _full(session: Session, replica: Replica) -> None:
+        """The session's replica (or its group's home) is at its in-flight limit: wait for it."""
+        session.wanted = replica
+        return None
 
     def _home(self, group: str) -> Optional[Home]:
         home = self._homes.get(group)
@@ -223,7 +252,7 @@ class Rotation:
         the one the group's id hashes to first (rendezvous hashing over the replicas' URLs). Every
         worker process computes the same preference without asking anyone, so the samples of one
         group fetched by several processes, whose loads are alike, mostly start on one replica."""
-        ready = [r for r in self.replicas if r.ready(now)]
+        ready = [r for r in self.replicas if r.ready(now) and r.has_slot()]
         if not ready:
             return None
         fresh = [r for r in ready if now - r.failed_at >= self.failure_penalty_s] or ready
@@ -269,7 +298,8 @@ class Rotation:
         return out or None
 
     async def take(self, session: Session, deadline: float) -> Optional[Replica]:
-        """pick(), waiting for a replica to come back until the monotonic `deadline` (then None)."""
+        """pick(), waiting for a replica to come back, or for a slot on a full one, until the
+        monotonic `deadline` (then None)."""
         while True:
             replica = self.pick(session)
             if replica is not None:
@@ -277,12 +307,52 @@ class Rotation:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
+            if self.ready():  # replicas in rotation, but the one wanted (or all) at their limits
+                await self._slot(session.wanted, left)
+                continue
             try:
                 await asyncio.wait_for(self.wait_ready(), left)
             except asyncio.TimeoutError:
                 return None
 
+    async def _slot(self, replica: Optional[Replica], left: float) -> None:
+        """Until a slot may have opened on `replica` (None: on any), SLOT_RECHECK_S at most."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(replica.url if replica else None, deque()).append(waiter)
+        self.ensure_monitor()
+        try:
+            await asyncio.wait_for(waiter, min(left, SLOT_RECHECK_S))
+        except asyncio.TimeoutError:
+            pass
+
+    def _released(self) -> None:
+        """A request ended (its caller frees its slot right after): wake waiters once it has."""
+        if self._waiters and not self._pump_soon:
+            self._pump_soon = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Wake as many waiters as each replica has free slots: its own first, then any's."""
+        self._pump_soon = False
+        if not self._waiters:
+            return
+        now = time.monotonic()
+        anyone = self._waiters.get(None)
+        for r in self.replicas:
+            if not r.ready(now):
+                continue
+            free = (r.cap - r.outstanding) if r.cap is not None else len(self._waiters.get(r.url) or ()) + 1
+            for queue in (self._waiters.get(r.url), anyone):
+                while queue and free > 0:
+                    waiter = queue.popleft()
+                    if not waiter.done():
+                        waiter.set_result(None)
+                        free -= 1
+        for key in [k for k, q in self._waiters.items() if not q]:
+            del self._waiters[key]
+
     def ok(self, replica: Replica) -> None:
+        self._released()
         replica.errors = replica.cooldowns = 0
         replica.served += 1
         replica.last_ok = time.monotonic()
@@ -295,6 +365,7 @@ class Rotation:
         self._refresh()
 
     def failed(self, replica: Replica, reason: str) -> None:
+        self._released()
         replica.errors += 1
         replica.last_error = reason
         replica.failed_at = time.monotonic()
@@ -317,6 +388,7 @@ class Rotation:
         self._refresh()
 
     def cool(self, replica: Replica, status: int, retry_after: Optional[float]) -> None:
+        self._released()
         replica.cooldowns += 1
         delay = (
             retry_after
@@ -334,6 +406,8 @@ class Rotation:
         self._refresh()
 
     def ensure_monitor(self) -> None:
+        if self.load is not None and (self._load_task is None or self._load_task.done()):
+            self._load_task = asyncio.create_task(self.load.run(), name="policy-load")
         if self.probes and (self._monitor_task is None or self._monitor_task.done()):
             self._monitor_task = asyncio.create_task(self._monitor(), name="policy-health")
 
@@ -381,6 +455,10 @@ class Rotation:
     async def aclose(self) -> None:
         if self._monitor_task is not None:
             self._monitor_task.cancel()
+        if self._load_task is not None:
+            self._load_task.cancel()
+        if self.load is not None:
+            await self.load.aclose()
         if self._wake is not None:
             self._wake.cancel()
         if self._health is not None and not self._health.closed:
