@@ -10,7 +10,9 @@ distinct, so the cache answers nothing and every rollout costs one judge request
   limit     the judge stub's own count of requests it held at once (/stats max_pending) must
             be exactly C: never more (the limit) and C (the limit is used);
   rate      rollouts finish at the rate the limit allows: Little's law gives C / W, W the mean
-            judge latency the pool measured; the ratio of the measured rate to it is reported;
+            judge latency the pool measured; reported: the overall rate (policy turns and the
+            tail included) and the steady rate (between the 10th and 90th percentile verdict,
+            all slots busy), and the steady rate over C / W;
   outage    the judge stub is killed and N more rollouts run with deadline D: every one fails
             as `verifier` (JudgeFailure) within D plus a margin, while each of their policy
             turns still succeeds (the policy path does not wait on the judge).
@@ -26,7 +28,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +56,16 @@ class Outcome:
     verifier_failed: int = 0
     other_failed: int = 0
     policy_ok: int = 0
-    slowest_failure_s: float = 0.0
+    failures_s: list[float] = field(default_factory=list)  # each verifier failure's time, from verify's start
+    done_at: list[float] = field(default_factory=list)  # when each verdict came (perf_counter)
+
+    def steady_rate(self) -> float:
+        """Verdicts per second between the 10th and the 90th percentile verdict: the rate while the
+        judge's slots are all busy, without the start (policy turns first) and the tail (fewer
+        than the limit left)."""
+        t = sorted(self.done_at)
+        lo, hi = int(0.1 * len(t)), int(0.9 * len(t))
+        return (hi - lo) / (t[hi] - t[lo]) if hi > lo and t[hi] > t[lo] else 0.0
 
 
 async def rollouts(n: int, policy: OpenAIPolicy, env: LLMJudge, tag: str, verify_timeout_s: float) -> Outcome:
@@ -75,10 +86,11 @@ async def rollouts(n: int, policy: OpenAIPolicy, env: LLMJudge, tag: str, verify
         try:
             await verify(env, row, None, Transcript(f"Paris ({tag} {i})", [], []), verify_timeout_s)
             out.ok += 1
+            out.done_at.append(time.perf_counter())
         except RolloutFailure as exc:
             if exc.kind.value == "verifier":
                 out.verifier_failed += 1
-                out.slowest_failure_s = max(out.slowest_failure_s, time.perf_counter() - start)
+                out.failures_s.append(time.perf_counter() - start)
             else:
                 out.other_failed += 1
 
@@ -130,12 +142,13 @@ async def measure(
             "failed": steady.verifier_failed + steady.other_failed,
             "seconds": round(elapsed, 2),
             "rollouts_per_s": round(n / elapsed, 1),
+            "steady_rollouts_per_s": round(steady.steady_rate(), 1),
             "judge_max_in_flight_stub": stub_stats.get("max_pending"),
             "judge_max_in_flight_pool": stats.max_in_flight,
             "judge_requests": stub_stats.get("POST /v1/chat/completions"),
             "judge_mean_latency_s": round(mean_latency, 3),
             "littles_law_rate_per_s": round(limit / mean_latency, 1),
-            "rate_over_littles_law": round((n / elapsed) / (limit / mean_latency), 3),
+            "steady_rate_over_littles_law": round(steady.steady_rate() / (limit / mean_latency), 3),
         },
         "outage": {
             "deadline_s": outage_deadline_s,
@@ -143,7 +156,10 @@ async def measure(
             "ok": outage.ok,
             "other_failed": outage.other_failed,
             "policy_turns_ok": outage.policy_ok,
-            "slowest_failure_s": round(outage.slowest_failure_s, 2),
+            "median_failure_s": round(sorted(outage.failures_s)[len(outage.failures_s) // 2], 2)
+            if outage.failures_s
+            else None,
+            "slowest_failure_s": round(max(outage.failures_s, default=0.0), 2),
             "seconds": round(outage_s, 2),
         },
     }
