@@ -258,3 +258,24 @@ async def test_judge_figures_reach_farm_status_the_dashboard_and_metrics(setting
     assert 'farm_judge_latency_seconds_bucket{judge="grader",le="0.1"} 1.0' in metrics
     assert 'farm_judge_latency_seconds_count{judge="grader"} 2.0' in metrics
     assert 'farm_judge_max_in_flight{judge="grader"} 2.0' in metrics
+
+
+@pytest.mark.slow
+async def test_a_call_every_rollout_gave_up_on_is_cancelled_and_frees_its_slot(judge_stub):
+    stub = judge_stub("[[A=B]]", latency_s=30.0)
+    pool = JudgePool({"grader": JudgeConfig(urls=[stub.url], model="stub", max_concurrency=1, deadline_s=60)})
+    try:
+        with judging(pool):
+            asks = [asyncio.ensure_future(ctx.judge("grader", ASK)) for _ in range(2)]
+            await asyncio.sleep(0.5)
+            asks[0].cancel()  # one of two waiters leaves: the call goes on for the other
+            await asyncio.sleep(0.2)
+            assert len(pool.asking) == 1 and pool.judges["grader"].stats.in_flight == 1
+            asks[1].cancel()  # the last one leaves: the call is cancelled, the slot free
+            await asyncio.gather(*asks, return_exceptions=True)
+            await asyncio.sleep(0.2)
+        assert pool.asking == {} and pool.waiting == {}
+        assert pool.judges["grader"].stats.in_flight == 0 and pool.judges["grader"].slots._value == 1
+        assert stub.stats().get("aborted", 0) == 1  # the stub saw the request dropped
+    finally:
+        await pool.aclose()

@@ -11,7 +11,8 @@ errors mapped once, the API key scrubbed) with three things around it:
   cache      identical requests (judge, model, messages, sampling) are asked once: the first one
              asks, the others in flight await it, later ones read its answer (the last CACHE_SIZE
              answers are kept). The G samples of a GRPO group often give the same answer, so
-             their grades cost one call.
+             their grades cost one call. A call every awaiting rollout gave up on (cancelled,
+             timed out) is cancelled, and its slot freed.
 
 A judge's failure (past its deadline, refused, an HTTP error after the client's retries, a
 reply without text) is JudgeFailure with the judge's name and the reason. The pool counts
@@ -154,7 +155,8 @@ class JudgePool:
         self.settings = settings  # for the export to Redis; None: counted here only
         self.judges: dict[str, Judge] = {}
         self.cache: OrderedDict[str, str] = OrderedDict()
-        self.asking: dict[str, asyncio.Task] = {}
+        self.asking: dict[str, asyncio.Task] = {}  # request -> the call in flight
+        self.waiting: dict[str, int] = {}  # request -> rollouts awaiting that call
         self.loop = asyncio.get_running_loop()
         self._export: Optional[asyncio.Task] = None
 
@@ -185,7 +187,15 @@ class JudgePool:
             task = self.asking[key] = asyncio.ensure_future(self._ask(judge, key, messages, sampling))
         else:
             judge.stats.add(cache_hits=1)
-        text, latency = await asyncio.shield(task)
+        self.waiting[key] = self.waiting.get(key, 0) + 1
+        try:
+            text, latency = await asyncio.shield(task)
+        finally:
+            left = self.waiting[key] = self.waiting[key] - 1
+            if not left:
+                del self.waiting[key]
+                if not task.done():  # every rollout that wanted it was cancelled: free the slot
+                    task.cancel()
         return JudgeReply(name, text, 0.0 if cached else latency, cached=cached)
 
     async def _ask(self, judge: Judge, key: str, messages: list[dict], sampling: dict) -> tuple[str, float]:
