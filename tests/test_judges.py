@@ -279,3 +279,35 @@ async def test_a_call_every_rollout_gave_up_on_is_cancelled_and_frees_its_slot(j
         assert stub.stats().get("aborted", 0) == 1  # the stub saw the request dropped
     finally:
         await pool.aclose()
+
+
+@pytest.mark.slow
+def test_a_real_worker_grades_with_its_settings_judge(settings, sync_redis, judge_stub, tmp_path):
+    """`farm worker --agent llm_judge` with `judges:` in its config file: the process's AgentContext
+    installs the judge, the verifier asks it, every rollout records the call, and the worker's
+    last export (at its close) puts the figures in Redis for `farm status`."""
+    from helpers.workers import run_through_worker
+
+    judge = judge_stub("Same city. [[A=B]]", latency_s=0.05)
+    policy = StubProcess(Script(chat_replies=[{"content": "Paris"}]), latency_s=0.0, workdir=tmp_path).start()
+    config = tmp_path / "farm.yml"
+    config.write_text(
+        f"judges:\n  grader: {{urls: [{judge.url}], model: stub, max_concurrency: 2}}\n"
+        "agents:\n  llm_judge: {env: llm_judge, env_options: {judge: grader}}\n"
+    )
+    rows = LLMJudge().generate(6, seed=3)
+    try:
+        got = run_through_worker(
+            settings, policy, tmp_path, "llm_judge", rows, FARM_CONFIG=str(config), FARM_POLICY_KIND="chat"
+        )
+    finally:
+        policy.stop()
+    for rollout in got:
+        assert rollout.status.value == "ok" and rollout.reward == 1.0, rollout.error
+        call = rollout.metrics["judge_calls"][0]
+        assert call["judge"] == "grader" and call["text"] == "Same city. [[A=B]]"
+    asked = judge.stats()
+    assert asked["max_pending"] <= 2
+    figures = judge_stats.summary(sync_redis, settings.keys)["grader"]
+    assert figures["calls"] == 6 and figures["ok"] + figures["cache_hits"] == 6
+    assert figures["ok"] == asked["POST /v1/chat/completions"] and figures["failed"] == 0
