@@ -24,6 +24,10 @@ RedisUnavailable at once, with the `farm redis` hint. A Redis still loading its 
 farm.connection, so the bound is real: a process whose Redis is gone gives up within
 redis_down_max_s plus one socket timeout at most, and says so at most once a second.
 
+A process that stops (a worker told SIGTERM) calls `Outage.stop(deadline)`: from then on a failed
+call is not retried (a backoff sleep in progress ends at once) and no attempt runs past the
+deadline, so a stop is bounded by the stop's own clock, never by redis_down_max_s.
+
 Messages name the Redis URL with its password replaced by `***`, and what to check.
 """
 
@@ -149,6 +153,7 @@ class Outage:
     outage (counted from its first failure, whichever caller saw it) has lasted
     `give_up_s`, when RedisUnavailable is raised. Any other error is mapped and raised at once.
     Warnings are rate-limited to one a second, with the count of the ones held back.
+    After `stop(deadline)` nothing is retried and no attempt outlives the deadline.
     """
 
     def __init__(self, url: Optional[str], base_s: float, cap_s: float, give_up_s: float, *, warn_every_s: float = 1.0):
@@ -161,6 +166,8 @@ class Outage:
         self.reached = os.environ.get("FARM_REDIS_REACHED") == "1"  # set by a pool for a restarted child
         self._last_warning = float("-inf")
         self._held_back = 0
+        self.deadline: Optional[float] = None  # set by stop(): the monotonic time no attempt may outlive
+        self._sleepers: set[asyncio.Future] = set()  # backoff sleeps in progress, which stop() ends
 
     @classmethod
     def for_settings(cls, settings: Any) -> "Outage":
@@ -176,13 +183,27 @@ class Outage:
     def left_s(self) -> float:
         return self.give_up_s if self.since is None else self.give_up_s - (time.monotonic() - self.since)
 
+    def stop(self, deadline: float) -> None:
+        """The process is stopping: retry nothing from now on, end every backoff sleep at once, and let
+        no attempt run past `deadline` (time.monotonic()); an earlier deadline replaces a later one."""
+        self.deadline = deadline if self.deadline is None else min(self.deadline, deadline)
+        for sleeper in self._sleepers:
+            if not sleeper.done():
+                sleeper.set_result(None)
+
+    def _attempt_s(self) -> Optional[float]:
+        """How long the next attempt may take: unbounded (the socket timeout) while all is well; during an
+        outage, what is left of redis_down_max_s; once stopping, what is left before the deadline."""
+        bounds = [self.left_s()] if self.since is not None else []
+        if self.deadline is not None:
+            bounds.append(self.deadline - time.monotonic())
+        return max(0.05, min(bounds)) if bounds else None
+
     async def call(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
         while True:
             try:
-                if self.since is None:
-                    result = await fn()
-                else:  # during an outage no single attempt may outlive the bound
-                    result = await asyncio.wait_for(fn(), timeout=max(0.05, self.left_s()))
+                timeout = self._attempt_s()
+                result = await (fn() if timeout is None else asyncio.wait_for(fn(), timeout=timeout))
             except asyncio.TimeoutError as exc:
                 await self.wait(exc, what)
                 continue
@@ -215,6 +236,10 @@ class Outage:
                 f"Redis at {self.url} unreachable while {what} ({reason}), and it has not answered since "
                 "this process started: is it running, and is redis_url right? (`farm redis` starts one)"
             ) from exc
+        if self.deadline is not None:
+            raise RedisUnavailable(
+                f"Redis at {self.url}: {what} failed ({reason}); not retried: the process is stopping"
+            ) from exc
         now = time.monotonic()
         if self.since is None:
             self.since = now
@@ -239,4 +264,18 @@ class Outage:
             self._last_warning, self._held_back = now, 0
         else:
             self._held_back += 1
-        await asyncio.sleep(delay)
+        await self._sleep(delay)
+        if self.deadline is not None:  # stop() ended the sleep: no further attempt
+            raise RedisUnavailable(
+                f"Redis at {self.url}: {what} failed ({reason}); not retried: the process is stopping"
+            ) from exc
+
+    async def _sleep(self, delay: float) -> None:
+        """asyncio.sleep(delay), ended early by stop(). A future of the running loop, not an Event, so
+        one Outage may serve several event loops one after another (a sync client's asyncio.run calls)."""
+        sleeper = asyncio.get_running_loop().create_future()
+        self._sleepers.add(sleeper)
+        try:
+            await asyncio.wait([sleeper], timeout=delay)
+        finally:
+            self._sleepers.discard(sleeper)

@@ -9,7 +9,7 @@ import sys
 import click
 
 from farm.cli.base import CONTEXT, COUNT, PORT, POSITIVE, Globals, cli, log, pass_globals
-from farm.errors import ConfigError
+from farm.errors import EXIT_TRANSPORT, ConfigError
 from farm.settings import load_settings
 
 # -- the queue -----------------------------------------------------------------------------
@@ -94,6 +94,7 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
             window_s=s.restart_window_s,
             env=env,
             redis_ok=lambda: answers(s),
+            grace_s=s.grace_period_s,
         )
 
     from farm.embedded import ensure_redis
@@ -116,7 +117,8 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
             s.event_loop,
         )
     log.info("worker exit", extra=dict(counters))
-    return 0
+    # Tasks it could neither settle nor hand back (Redis gone at the stop) wait for reclaim: exit 3.
+    return EXIT_TRANSPORT if counters["left_for_reclaim"] else 0
 
 
 @cli.command(

@@ -1,22 +1,28 @@
-"""What a worker process does beside running tasks: its event loop, version, open-file limit,
-periodic summary line, and a stack dump of its asyncio tasks on SIGUSR1."""
+"""What a worker process does beside running tasks: its event loop, version, open-file limit, agent
+setup, maintenance loop (leases, retries, heartbeat), periodic summary line, the line that says how
+a stop ended, and a stack dump of its asyncio tasks on SIGUSR1."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
+import os
 import resource
+import socket
 import time
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Coroutine, Optional, TypeVar
 
 import farm
-from farm.errors import ConfigError
+from farm.errors import ConfigError, FarmError, RedisAuthError, RedisUnavailable, TransportError
 from farm.settings import Settings
 
 log = logging.getLogger("farm.worker")
 
 FILES_RESERVED = 256  # Redis connections, logs, the tokenizer, sandboxes: beside one socket per loop
+DEPTH_EVERY_S = 10.0  # how often the maintenance loop writes the agent's queue depth into its history
+STOP_MARGIN_S = 2.0  # a stop ends within grace_period_s + this (workers.delivery.runtime; the pool waits as long)
 
 
 VERSION = farm.__version__
@@ -165,3 +171,98 @@ def warn_retry_budget(s: Settings) -> None:
             s.policy_retry_budget_s,
             s.task_timeout_s,
         )
+
+
+async def setup_agent(agent: Any, agent_name: str) -> None:
+    """The agent's (and its environment's) setup, before the first fetch; a failure stops the worker
+    with the reason, since every task would fail the same way."""
+    setup = getattr(agent, "setup", None)
+    if setup is None:
+        return
+    try:
+        await setup()
+    except FarmError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"agent {agent_name}: its environment's setup failed: {type(exc).__name__}: {exc}") from exc
+
+
+def heartbeat_info(worker: Any) -> dict:
+    """What the worker's heartbeat key holds (`farm status`, the health probe and the dashboard read it)."""
+    return {
+        "worker_id": worker.worker_id,
+        "agent": worker.agent_name,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "concurrency": worker.concurrency,
+        "inflight": len(worker.inflight),
+        "started_at": worker.started_at,
+        "version": VERSION,
+        "ts": time.time(),
+        **worker.counters,
+    }
+
+
+async def maintain(worker: Any) -> None:
+    """The worker's maintenance loop until it closes: its heartbeat, the agent's queue depth, the
+    summary line, gone consumers pruned, the leases of in-flight tasks renewed, due retries promoted."""
+    s, stream = worker.settings, worker.stream
+    beat_every = s.heartbeat_ttl_s / 3
+    next_beat = next_depth = 0.0
+    next_renew = time.monotonic() + s.lease_renew_s
+    next_prune = time.monotonic() + min(60.0, s.consumer_idle_s)
+    summary = Summary(time.monotonic() + s.summary_every_s)
+    key, ttl_ms = s.keys.worker(worker.worker_id), int(s.heartbeat_ttl_s * 1000)
+    while not worker._closed.is_set():
+        try:
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + beat_every
+                info = json.dumps(heartbeat_info(worker))
+                await worker.outage.call(lambda: worker.r.set(key, info, px=ttl_ms), "refreshing the heartbeat")
+            if now >= next_depth:  # on a clock, not at settles: a queue nobody settles from is charted too
+                next_depth = now + DEPTH_EVERY_S
+                await stream.record_depth()
+            if now >= summary.due:
+                summary.log(worker, now, s.summary_every_s)
+            if now >= next_prune:
+                next_prune = now + min(60.0, s.consumer_idle_s)
+                gone = await stream.prune_consumers(int(s.consumer_idle_s * 1000))
+                if gone:
+                    log.info("removed %d consumer(s) of workers that are gone from the group", gone)
+            if now >= next_renew:
+                next_renew = now + s.lease_renew_s
+                lost = await stream.renew(list(worker.inflight))
+                if lost:
+                    worker.counters["lease_lost"] += len(lost)
+                    log.warning("lost the lease of %d tasks to other workers", len(lost))
+            moved = await stream.promote()
+            if moved:
+                log.debug("moved %d due retries back into the stream", moved)
+        except (RedisUnavailable, RedisAuthError) as exc:
+            worker._fail(exc)
+            return
+        except TransportError as exc:
+            log.warning("maintenance: %s", exc)
+        try:
+            await asyncio.wait_for(worker._closed.wait(), 0.25)
+        except asyncio.TimeoutError:
+            pass
+
+
+def log_stop(left: int, handed_back: int, s: Settings, fatal: Optional[BaseException]) -> None:
+    """The one line that says how a signalled stop ended, and with it the worker's exit status (`farm
+    worker`): 0 when nothing was left pending, 3 when tasks stay pending for another worker to reclaim.
+    A worker stopped by a Redis error said so already, and exits with that error's status."""
+    if fatal is not None:
+        if left:
+            log.info("%d tasks left pending, reclaimed after visibility_timeout_s (%gs)", left, s.visibility_timeout_s)
+    elif left:
+        log.warning(
+            "stopped with %d tasks left pending: Redis did not answer, so they stay in the consumer group and "
+            "another worker reclaims them after visibility_timeout_s (%gs); exit status 3",
+            left,
+            s.visibility_timeout_s,
+        )
+    else:
+        log.info("stopped with nothing left pending (%d tasks handed back); exit status 0", handed_back)

@@ -10,11 +10,19 @@ Each task ends in exactly one settle step (see farm.streams): a rollout to reply
 retry with jittered exponential backoff, after max_attempts a dead letter plus a `failed`
 rollout, or for a task a client cancelled (farm.cancel) a `cancelled` rollout, without running
 when the cancel came first, stopped at once when it came while it ran. The Settler counts each by
-what Redis answered. On SIGTERM/SIGINT the worker stops fetching, lets in-flight rollouts finish
-within the grace period, and hands the rest back (idle past the visibility timeout, so other
-workers take them at once). A second signal skips the grace period; one within SAME_STOP_S of
-the first is the same stop delivered twice (a `--processes` supervisor forwards the SIGTERM or
-Ctrl-C its process group, or Slurm's step, already delivered to every worker).
+what Redis answered.
+
+A stop is bounded whatever Redis is doing. On SIGTERM/SIGINT the worker stops fetching at once (a
+fetch that Redis does not answer within block_ms is given up), lets in-flight rollouts finish
+within grace_period_s, then tries once, within stop_settle_timeout_s, to hand the rest back (idle
+past the visibility timeout, so other workers take them at once), and exits within grace_period_s
++ STOP_MARGIN_S. Its Outage is stopped with the signal (farm.transport): nothing is retried from
+then on, so a Redis that is gone ends the drain at once instead of holding the stop for
+redis_down_max_s. Tasks it could neither settle nor hand back stay pending in the group and are
+reclaimed after the visibility timeout: counters["left_for_reclaim"], which `farm worker` turns
+into exit status 3 (0: nothing left). A second signal skips the grace period; one within
+SAME_STOP_S of the first is the same stop delivered twice (a `--processes` supervisor forwards the
+SIGTERM or Ctrl-C its process group, or Slurm's step, already delivered to every worker).
 
 An agent may tell the worker it cannot take work (the policy's every replica down or
 rate-limited): while its `ready()` is false the fetch loop fetches nothing and waits on its
@@ -28,7 +36,6 @@ concurrency needs more than the hard limit allows.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -40,7 +47,7 @@ from typing import Optional
 
 from farm.cancel import Cancels
 from farm.connection import connect
-from farm.errors import ConfigError, FarmError, RedisAuthError, RedisUnavailable, TransportError
+from farm.errors import RedisAuthError, RedisUnavailable, TransportError
 from farm.history import Recording
 from farm.policy_version import PolicyVersions
 from farm.scripts import NOT_PENDING
@@ -49,7 +56,16 @@ from farm.settler import Settler
 from farm.streams import BAD_REPLY, AgentStream
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage
-from workers.delivery.chores import VERSION, Summary, dump_tasks, raise_open_files, serve_metrics, warn_retry_budget
+from workers.delivery.chores import (
+    STOP_MARGIN_S,
+    dump_tasks,
+    log_stop,
+    maintain,
+    raise_open_files,
+    serve_metrics,
+    setup_agent,
+    warn_retry_budget,
+)
 from workers.delivery.health import HealthServer
 from workers.delivery.outcome import Outcomes
 from workers.loops.context import Agent, AgentContext
@@ -57,7 +73,8 @@ from workers.loops.context import Agent, AgentContext
 log = logging.getLogger("farm.worker")
 
 SAME_STOP_S = 1.0  # stop signals this close together are one request, not a second (forcing) one
-DEPTH_EVERY_S = 10.0  # how often the maintenance loop writes the agent's queue depth into its history
+EXIT_RESERVE_S = 0.4  # of that margin, what the process keeps for its own exit once the worker returns
+FETCH_END_S = 0.5  # after a stop, a fetch in flight has block_ms + this to return what it read
 
 
 def new_worker_id(agent: str) -> str:
@@ -86,6 +103,9 @@ class Worker:
         self.started_at = time.time()
         self._stopping = asyncio.Event()
         self._stop_requested_at = 0.0
+        self._signalled = False  # stopped by a signal (not by Redis failing): its status says what was left
+        self._grace_ends: Optional[float] = None  # when the stop's grace period ends (time.monotonic())
+        self._held: list[str] = []  # what the worker still held after the drain (and settles that failed)
         self._force = False
         self._slot = asyncio.Event()
         self._closed = asyncio.Event()
@@ -97,24 +117,37 @@ class Worker:
     # -- control -----------------------------------------------------------------------
     def request_stop(self) -> None:
         now = time.monotonic()
-        if self._stopping.is_set():
+        if self._signalled:
             if now - self._stop_requested_at < SAME_STOP_S:
                 return  # one stop delivered twice: to the process group (Ctrl-C, Slurm) and by a supervisor
             self._force = True
+            self.outage.stop(now)
             log.warning("second stop signal: not waiting for in-flight rollouts")
         else:
-            self._stop_requested_at = now
+            self._signalled, self._stop_requested_at = True, now
+        self._begin_stop(now)
+
+    def _begin_stop(self, now: float) -> None:
+        """Start the stop's clock (once): the grace period ends grace_period_s from now, and the Outage
+        retries nothing from now on and lets no Redis call outlive the grace period."""
+        if self._grace_ends is None:
+            self._grace_ends = now + self.settings.grace_period_s
+            self.outage.stop(self._grace_ends)
         self._stopping.set()
         self._slot.set()
 
     def _fail(self, exc: TransportError) -> None:
-        """Redis is gone for good (or refuses us): stop at once, without the grace period."""
-        if self._fatal is None:
+        """Redis is gone for good (or refuses us): stop at once, without the grace period. After a stop
+        signal Redis unreachable is no error of its own: the stop's status says what was left."""
+        if self._signalled and isinstance(exc, RedisUnavailable):
+            if not self._force:
+                log.info("Redis unreachable while stopping (%s): not waiting for in-flight rollouts", exc)
+        elif self._fatal is None:
             self._fatal = exc
             log.error("stopping: %s", exc)
         self._force = True
-        self._stopping.set()
-        self._slot.set()
+        self.outage.stop(time.monotonic())
+        self._begin_stop(time.monotonic())
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -149,11 +182,10 @@ class Worker:
             "worker started",
             extra={"worker": self.worker_id, "agent": self.agent_name, "concurrency": self.concurrency},
         )
-        maintenance = asyncio.create_task(self._maintenance(), name="maintenance")
+        maintenance = asyncio.create_task(maintain(self), name="maintenance")
         try:
             try:
-                await self._setup_agent()
-                await self._fetch_loop()
+                await self._fetch_until_stopped()
             except TransportError as exc:
                 self._fail(exc)
             except BaseException:
@@ -162,16 +194,10 @@ class Worker:
             finally:
                 await self._drain()
         finally:
-            # Every step is bounded, and none waits out an outage: a stopping worker always exits.
+            # Every step is bounded by the stop's clock, and none waits out an outage.
             self._closed.set()
-            await self._bounded(maintenance, "stopping maintenance")
-            await self._bounded(self.settler.close(), "stopping the settler")
-            await self._bounded(
-                self.outage.once(
-                    lambda: self.r.delete(self.settings.keys.worker(self.worker_id)), "removing the heartbeat"
-                ),
-                "removing the heartbeat",
-            )
+            await cancel_and_wait([maintenance], grace_s=0.1, tries=3)
+            await self._settle_once()
             await self._bounded(self.agent.aclose(), "closing the agent")
             if self.ctx.versions is not None:
                 await self._bounded(self.ctx.versions.aclose(), "stopping the policy version watch")
@@ -183,26 +209,40 @@ class Worker:
             raise self._fatal
         return self.counters
 
-    async def _setup_agent(self) -> None:
-        """The agent's (and its environment's) setup, before the first fetch; a failure stops the worker
-        with the reason, since every task would fail the same way."""
-        setup = getattr(self.agent, "setup", None)
-        if setup is None:
-            return
+    async def _fetch_until_stopped(self) -> None:
+        """The agent's setup, then the fetch loop, until a stop. A fetch in flight then has block_ms (and
+        FETCH_END_S) to return what it read; one that Redis does not answer (stopped, or gone before the
+        socket notices) is cancelled: waiting for it would tie the stop to socket_timeout_s. Entries such
+        a cancelled read may still deliver stay pending and are reclaimed after the visibility timeout."""
+        fetching = asyncio.create_task(self._setup_and_fetch(), name="fetch")
+        stopped = asyncio.create_task(self._stopping.wait(), name="stop")
         try:
-            await setup()
-        except FarmError:
-            raise
-        except Exception as exc:
-            raise ConfigError(
-                f"agent {self.agent_name}: its environment's setup failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            await asyncio.wait([fetching, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if not fetching.done():
+                await asyncio.wait([fetching], timeout=self.settings.block_ms / 1000 + FETCH_END_S)
+        finally:
+            stopped.cancel()
+            if not fetching.done():
+                await cancel_and_wait([fetching], grace_s=0.1, tries=3)
+        if not fetching.cancelled():
+            fetching.result()  # what the fetch loop raised, if anything
 
-    async def _bounded(self, aw, what: str, timeout_s: float = 5.0) -> None:
+    async def _setup_and_fetch(self) -> None:
+        await setup_agent(self.agent, self.agent_name)
+        await self._fetch_loop()
+
+    def _left_s(self) -> float:
+        """What is left of the stop's bound (grace_period_s + STOP_MARGIN_S from the stop, less what the
+        process keeps for its own exit), at least a moment for each step."""
+        assert self._grace_ends is not None, "the stop's clock starts before the drain"
+        return max(0.05, self._grace_ends + STOP_MARGIN_S - EXIT_RESERVE_S - time.monotonic())
+
+    async def _bounded(self, aw, what: str) -> None:
+        timeout_s = self._left_s()
         try:
             await asyncio.wait_for(aw, timeout_s)
         except asyncio.TimeoutError:
-            log.warning("%s took over %.0fs; going on", what, timeout_s)
+            log.warning("%s took over %.1fs; going on", what, timeout_s)
         except TransportError as exc:
             log.log(self._after_fatal(), "%s failed: %s", what, exc)
 
@@ -264,28 +304,47 @@ class Worker:
         self.inflight[entry_id] = asyncio.create_task(self._handle(entry_id, fields, deliveries, picked))
 
     async def _drain(self) -> None:
-        if self.inflight and not self._force:
-            log.info("draining %d in-flight rollouts (grace %.0fs)", len(self.inflight), self.settings.grace_period_s)
+        """In-flight rollouts get what is left of the grace period (nothing when forced); the rest are
+        cancelled and kept in `_held` for the hand-back."""
+        self._begin_stop(time.monotonic())
+        assert self._grace_ends is not None
+        wait_s = self._grace_ends - time.monotonic()
+        if self.inflight and not self._force and wait_s > 0:
+            log.info("draining %d in-flight rollouts (grace %.1fs)", len(self.inflight), wait_s)
             waiter = asyncio.gather(*self.inflight.values(), return_exceptions=True)
             force = asyncio.create_task(self._wait_force())
-            await asyncio.wait(
-                [waiter, force], timeout=self.settings.grace_period_s, return_when=asyncio.FIRST_COMPLETED
-            )
+            await asyncio.wait([waiter, force], timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
             force.cancel()
-        left = list(self.inflight)
-        await cancel_and_wait(self.inflight.values())
-        if left:
-            idle_ms = int(self.settings.visibility_timeout_s * 1000) + 1
-            try:
-                n = await asyncio.wait_for(self.stream.release(left, idle_ms), 5.0)
-                log.warning("handed %d unfinished tasks back to the group", n)
-            except (TransportError, asyncio.TimeoutError) as exc:
-                log.log(
-                    self._after_fatal(),
-                    "could not hand back %d tasks (%s); they are reclaimed after the visibility timeout",
-                    len(left),
-                    exc,
+        self._held.extend(self.inflight)
+        await cancel_and_wait(self.inflight.values(), grace_s=0.1, tries=3)
+
+    async def _settle_once(self) -> None:
+        """One try, all at once and within stop_settle_timeout_s, at what Redis should hear before the
+        worker goes: the tasks it holds handed back, its heartbeat removed, the settler's last counts.
+        What it could not hand back stays pending and is reclaimed after the visibility timeout."""
+        held = list(dict.fromkeys(self._held))
+        timeout_s = min(self.settings.stop_settle_timeout_s, self._left_s())
+        idle_ms = int(self.settings.visibility_timeout_s * 1000) + 1
+        heartbeat = self.settings.keys.worker(self.worker_id)
+        released, *_ = await asyncio.gather(
+            *(
+                asyncio.wait_for(step, timeout_s)
+                for step in (
+                    self.stream.release(held, idle_ms),
+                    self.outage.once(lambda: self.r.delete(heartbeat), "removing the heartbeat"),
+                    self.settler.close(),
                 )
+            ),
+            return_exceptions=True,
+        )
+        if isinstance(released, BaseException):
+            why = "no answer within stop_settle_timeout_s" if isinstance(released, asyncio.TimeoutError) else released
+            log.log(self._after_fatal(), "could not hand back %d tasks: %s", len(held), why)
+            self.counters["left_for_reclaim"] = len(held)
+        elif released:
+            log.info("handed %d unfinished tasks back to the group", released)
+            self.counters["handed_back"] += released
+        log_stop(self.counters["left_for_reclaim"], self.counters["handed_back"], self.settings, self._fatal)
 
     async def _wait_force(self) -> None:
         while not self._force:
@@ -303,74 +362,17 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except TransportError as exc:
-            # Not settled: the entry stays pending and is reclaimed after the visibility timeout.
-            log.error("could not settle task %s: %s", entry_id, exc)
+            # Not settled: the entry stays pending (reclaimed after the visibility timeout); a stopping
+            # worker tries to hand it back with the rest.
+            if self.stopping:
+                self._held.append(entry_id)
+            log.log(logging.INFO if self._signalled else logging.ERROR, "could not settle task %s: %s", entry_id, exc)
             if isinstance(exc, (RedisUnavailable, RedisAuthError)):
                 self._fail(exc)
         finally:
             self.inflight.pop(entry_id, None)
             self.stream.forget(entry_id)
             self._slot.set()
-
-    # -- background chores -------------------------------------------------------------
-    async def _maintenance(self) -> None:
-        s = self.settings
-        beat_every = s.heartbeat_ttl_s / 3
-        next_beat = next_depth = 0.0
-        next_renew = time.monotonic() + s.lease_renew_s
-        next_prune = time.monotonic() + min(60.0, s.consumer_idle_s)
-        summary = Summary(time.monotonic() + s.summary_every_s)
-        while not self._closed.is_set():
-            try:
-                now = time.monotonic()
-                if now >= next_beat:
-                    next_beat = now + beat_every
-                    await self.outage.call(self._heartbeat, "refreshing the heartbeat")
-                if now >= next_depth:  # on a clock, not at settles: a queue nobody settles from is charted too
-                    next_depth = now + DEPTH_EVERY_S
-                    await self.stream.record_depth()
-                if now >= summary.due:
-                    summary.log(self, now, s.summary_every_s)
-                if now >= next_prune:
-                    next_prune = now + min(60.0, s.consumer_idle_s)
-                    gone = await self.stream.prune_consumers(int(s.consumer_idle_s * 1000))
-                    if gone:
-                        log.info("removed %d consumer(s) of workers that are gone from the group", gone)
-                if now >= next_renew:
-                    next_renew = now + s.lease_renew_s
-                    lost = await self.stream.renew(list(self.inflight))
-                    if lost:
-                        self.counters["lease_lost"] += len(lost)
-                        log.warning("lost the lease of %d tasks to other workers", len(lost))
-                moved = await self.stream.promote()
-                if moved:
-                    log.debug("moved %d due retries back into the stream", moved)
-            except (RedisUnavailable, RedisAuthError) as exc:
-                self._fail(exc)
-                return
-            except TransportError as exc:
-                log.warning("maintenance: %s", exc)
-            try:
-                await asyncio.wait_for(self._closed.wait(), 0.25)
-            except asyncio.TimeoutError:
-                pass
-
-    async def _heartbeat(self) -> None:
-        info = {
-            "worker_id": self.worker_id,
-            "agent": self.agent_name,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "concurrency": self.concurrency,
-            "inflight": len(self.inflight),
-            "started_at": self.started_at,
-            "version": VERSION,
-            "ts": time.time(),
-            **self.counters,
-        }
-        await self.r.set(
-            self.settings.keys.worker(self.worker_id), json.dumps(info), px=int(self.settings.heartbeat_ttl_s * 1000)
-        )
 
 
 async def run_worker(

@@ -2,7 +2,11 @@
 
 Each child runs the command it is given (`python -m farm worker ... --processes 1`), so one
 process is exactly what a Kubernetes pod or a Slurm task would run. The supervisor forwards
-SIGTERM/SIGINT and exits with the worst child status.
+SIGTERM/SIGINT and exits with the worst child status: after a stop signal 0 when every child
+settled or handed back what it held, 3 when one left tasks pending for reclaim (Redis gone). It
+waits for no child longer than a worker's own stop bound (grace_s + STOP_MARGIN_S): one still
+running then is SIGKILLed (its tasks stay pending, reclaimed after the visibility timeout) and
+counts as 3, so the pool's stop is bounded too.
 
 Restarts follow the child's exit code (farm.errors): a configuration error, refused
 credentials or an unknown agent would fail the same way again, so that child is not
@@ -25,8 +29,9 @@ import time
 from collections import deque
 from typing import Callable, Optional
 
-from farm.errors import EXIT_TRANSPORT, NOT_RESTARTABLE
+from farm.errors import EXIT_INTERRUPTED, EXIT_TRANSPORT, NOT_RESTARTABLE
 from farm.transport import backoff_delay
+from workers.delivery.chores import STOP_MARGIN_S
 
 log = logging.getLogger("farm.pool")
 
@@ -69,95 +74,148 @@ def run_pool(
     base_s: float = 0.5,
     env: Optional[dict[str, str]] = None,
     redis_ok: Optional[Callable[[], bool]] = None,
+    grace_s: float = 30.0,
 ) -> int:
-    children: dict[int, Optional[subprocess.Popen]] = {
-        i: subprocess.Popen(cmd, env=_slot_env(env, i)) for i in range(processes)
-    }
-    due: dict[int, float] = {}  # slot -> when its restart is due
-    window = RestartWindow(max_restarts, window_s, base_s)
-    stopping = False
-    codes: list[int] = []
+    """Run `processes` children of `cmd` until they end (see the module docstring); the pool's status."""
+    pool = _Pool(cmd, env, RestartWindow(max_restarts, window_s, base_s), redis_ok, grace_s)
+    signal.signal(signal.SIGTERM, pool.forward)
+    signal.signal(signal.SIGINT, pool.forward)
+    pool.start(processes)
+    return pool.run()
 
-    def forward(signum, _frame):
-        nonlocal stopping
-        stopping = True
-        for c in children.values():
-            if c is not None and c.poll() is None:
-                c.send_signal(signum)
 
-    kill_at: Optional[float] = None  # Redis is gone: a draining child could settle nothing, so it gets 1 s
-    killed: set[int] = set()  # pids killed for that: their -9 is not the pool's status
+class _Pool:
+    def __init__(
+        self,
+        cmd: list[str],
+        env: Optional[dict[str, str]],
+        window: RestartWindow,
+        redis_ok: Optional[Callable[[], bool]],
+        grace_s: float,
+    ):
+        self.cmd, self.env, self.window, self.redis_ok, self.grace_s = cmd, env, window, redis_ok, grace_s
+        self.children: dict[int, Optional[subprocess.Popen]] = {}
+        self.due: dict[int, float] = {}  # slot -> when its restart is due
+        self.stopping = False
+        self.signalled = False  # stopped by a signal: the pool's last line says what its children left
+        self.codes: list[int] = []
+        self.cause: Optional[int] = None  # the code that stopped the pool: its status, whatever the rest die of
+        self.kill_at: Optional[float] = None  # Redis is gone: a draining child could settle nothing, so it gets 1 s
+        self.killed: set[int] = set()  # pids killed for that: their -9 is not the pool's status
+        self.kill_by: Optional[float] = None  # the stop's bound: a child still running then is SIGKILLed
+        self.overdue: set[int] = set()  # pids killed for running past it: their status is 3
 
-    cause: Optional[int] = None  # the code that stopped the pool: its status, whatever the rest die of
+    def start(self, processes: int) -> None:
+        for i in range(processes):
+            if self.stopping:  # a stop signal came first
+                return
+            self.children[i] = subprocess.Popen(self.cmd, env=_slot_env(self.env, i))
 
-    def stop_all(why: str, code: int) -> None:
-        nonlocal stopping, cause
-        if not stopping:
+    def alive(self) -> list[subprocess.Popen]:
+        return [c for c in self.children.values() if c is not None and c.poll() is None]
+
+    def begin_stop(self) -> None:
+        self.stopping = True
+        self.due.clear()
+        if self.kill_by is None:
+            self.kill_by = time.monotonic() + self.grace_s + STOP_MARGIN_S
+
+    def forward(self, signum, _frame) -> None:
+        self.signalled = True
+        self.begin_stop()
+        for c in self.alive():
+            c.send_signal(signum)
+
+    def stop_all(self, why: str, code: int) -> None:
+        if not self.stopping:
             log.error("stopping the pool: %s", why)
-            cause = code
-        stopping = True
-        due.clear()
-        for c in children.values():
-            if c is not None and c.poll() is None:
-                c.terminate()
+            self.cause = code
+        self.begin_stop()
+        for c in self.alive():
+            c.terminate()
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    while any(c is not None for c in children.values()) or (due and not stopping):
-        time.sleep(0.1)
-        now = time.monotonic()
-        if kill_at is not None and now >= kill_at:
-            for c in children.values():
-                if c is not None and c.poll() is None:
-                    c.kill()
-                    killed.add(c.pid)
-            kill_at = None
-        for slot, at in list(due.items()):
-            if now >= at and not stopping:
-                del due[slot]
-                children[slot] = subprocess.Popen(cmd, env=_slot_env(env, slot, restart=True))
-        for slot, c in children.items():
-            code = None if c is None else c.poll()
-            if code is None:
-                continue
-            children[slot] = None
-            if c.pid in killed:
-                continue
-            if stopping or code == 0:
-                codes.append(code)
-                continue
-            if code in NOT_RESTARTABLE:
-                codes.append(code)
-                stop_all(
-                    f"worker pid {c.pid} exited with {code} (a configuration problem; "
-                    "restarting would fail the same way)",
-                    code,
-                )
-                continue
-            if code == EXIT_TRANSPORT and not (redis_ok is not None and redis_ok()):
-                codes.append(code)
-                stop_all(
-                    f"worker pid {c.pid} exited with {code}: Redis unreachable (never, or past redis_down_max_s)",
-                    code,
-                )
-                kill_at = now + 1.0  # its tasks stay pending in Redis and are reclaimed once it is back
-                continue
-            delay = window.allow(now)
-            if delay is None:
-                codes.append(code)
-                stop_all(
-                    f"worker pid {c.pid} exited with {code}; {max_restarts} restarts within "
-                    f"{window_s:g}s already (restart_max / restart_window_s)",
-                    code,
-                )
-                continue
-            log.warning(
-                "worker pid %d exited with %d; restarting in %.1fs (%d restarts in the last %gs)",
-                c.pid,
-                code,
-                delay,
-                window.recent(now),
-                window_s,
+    def run(self) -> int:
+        while any(c is not None for c in self.children.values()) or (self.due and not self.stopping):
+            time.sleep(0.1)
+            now = time.monotonic()
+            self.kill_late(now)
+            for slot, at in list(self.due.items()):
+                if now >= at and not self.stopping:
+                    del self.due[slot]
+                    self.children[slot] = subprocess.Popen(self.cmd, env=_slot_env(self.env, slot, restart=True))
+            for slot, c in self.children.items():
+                code = None if c is None else c.poll()
+                if c is not None and code is not None:
+                    self.children[slot] = None
+                    self.ended(slot, c.pid, code, now)
+        status = self.cause if self.cause is not None else max((abs(c) for c in self.codes), default=0)
+        if self.signalled:
+            left = sum(c == EXIT_TRANSPORT for c in self.codes)
+            log.log(
+                logging.WARNING if left else logging.INFO,
+                "pool stopped: %d of %d workers left tasks pending for reclaim; exit status %d",
+                left,
+                len(self.codes),
+                status,
             )
-            due[slot] = now + delay
-    return cause if cause is not None else max((abs(c) for c in codes), default=0)
+        return status
+
+    def kill_late(self, now: float) -> None:
+        """SIGKILL what outlived its time: the children of a pool whose Redis is gone (after 1 s), and a
+        child still running past the stop's bound."""
+        if self.kill_at is not None and now >= self.kill_at:
+            for c in self.alive():
+                c.kill()
+                self.killed.add(c.pid)
+            self.kill_at = None
+        if self.kill_by is not None and now >= self.kill_by:
+            for c in self.alive():
+                if c.pid not in self.overdue:
+                    log.warning("worker pid %d still running %gs after the stop; killing it", c.pid, self.grace_s)
+                    c.kill()
+                    self.overdue.add(c.pid)
+
+    def ended(self, slot: int, pid: int, code: int, now: float) -> None:
+        """A child exited with `code`: its status counted, the pool stopped, or the child restarted."""
+        if pid in self.killed:
+            return
+        if pid in self.overdue:  # what it held stays pending, reclaimed after the visibility timeout
+            self.codes.append(EXIT_TRANSPORT)
+            return
+        if self.stopping and code in (-signal.SIGTERM, -signal.SIGINT, EXIT_INTERRUPTED):
+            code = 0  # the stop signal ended it before its own handlers were set: it held nothing
+        if self.stopping or code == 0:
+            self.codes.append(code)
+            return
+        if code in NOT_RESTARTABLE:
+            self.codes.append(code)
+            self.stop_all(
+                f"worker pid {pid} exited with {code} (a configuration problem; restarting would fail the same way)",
+                code,
+            )
+            return
+        if code == EXIT_TRANSPORT and not (self.redis_ok is not None and self.redis_ok()):
+            self.codes.append(code)
+            self.stop_all(
+                f"worker pid {pid} exited with {code}: Redis unreachable (never, or past redis_down_max_s)", code
+            )
+            self.kill_at = now + 1.0  # its tasks stay pending in Redis and are reclaimed once it is back
+            return
+        delay = self.window.allow(now)
+        if delay is None:
+            self.codes.append(code)
+            self.stop_all(
+                f"worker pid {pid} exited with {code}; {self.window.max_restarts} restarts within "
+                f"{self.window.window_s:g}s already (restart_max / restart_window_s)",
+                code,
+            )
+            return
+        log.warning(
+            "worker pid %d exited with %d; restarting in %.1fs (%d restarts in the last %gs)",
+            pid,
+            code,
+            delay,
+            self.window.recent(now),
+            self.window.window_s,
+        )
+        self.due[slot] = now + delay
