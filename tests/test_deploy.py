@@ -252,7 +252,7 @@ def test_each_pool_is_wired_to_the_farms_own_keys_probes_and_grace_period(overla
             assert c[name]["timeoutSeconds"] > 2  # one probe's Redis round trip is bounded at 2 s
         annotations = dep["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/port"] == str(ports["metrics"])
-        # The pod outlives the worker's drain: grace period plus the hand-back and close (up to ~10 s).
+        # The pod outlives the worker's stop: grace period + 2 s at most (workers.delivery.runtime), with room.
         grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert settings.grace_period_s == 30.0 and grace >= settings.grace_period_s + 10, grace
         assert c["image"].split(":")[-1] not in ("", "latest")
@@ -336,6 +336,83 @@ def test_deploy_guide_documents_the_secret_keys_and_the_minimum_keda_version():
         assert re.search(rf"^\| `{key}` \|", readme, re.M), f"Secret key {key} not documented in docs/deployment.md"
     assert f"KEDA {KEDA['keda_version'].lstrip('v').rsplit('.', 1)[0]}" in readme  # "KEDA 2.17"
     assert "kubectl apply -k deploy/k8s/overlays/farm" in readme
+
+
+# -- stop grace ----------------------------------------------------------------------------------
+# A worker exits within grace_period_s + STOP_MARGIN_S of SIGTERM whatever Redis is doing
+# (workers.delivery.runtime); an orchestrator that SIGKILLs sooner decides the stop instead of the farm.
+
+
+def seconds(duration: str) -> float:
+    """A compose duration ("45s", "1m30s") in seconds."""
+    parts = re.fullmatch(r"(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?", duration)
+    assert parts and duration, duration
+    return 60 * float(parts.group(1) or 0) + float(parts.group(2) or 0)
+
+
+def short_stop_graces(deployment: dict, compose_doc: dict) -> list[str]:
+    """Where the termination grace of a shipped file is not above the farm's stop bound."""
+    from workers.delivery.chores import STOP_MARGIN_S
+
+    found = []
+    spec = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"] if "value" in e}
+    farm = load_settings(env=env).grace_period_s
+    if not spec["terminationGracePeriodSeconds"] > farm + STOP_MARGIN_S:
+        found.append(f"k8s: terminationGracePeriodSeconds {spec['terminationGracePeriodSeconds']} vs grace {farm:g}")
+    for name, service in compose_doc["services"].items():
+        if service["command"][0] == "worker":
+            farm = load_settings(env=service["environment"]).grace_period_s
+            if not seconds(service["stop_grace_period"]) > farm + STOP_MARGIN_S:
+                found.append(f"compose {name}: stop_grace_period {service['stop_grace_period']} vs grace {farm:g}")
+    return found
+
+
+def test_kubernetes_and_compose_give_a_stopping_worker_more_than_its_stop_bound():
+    deployment = yaml.safe_load((DEPLOY / "k8s" / "base" / "deployment.yaml").read_text())
+    assert short_stop_graces(deployment, compose()) == []
+    # The check fails a file whose grace is not above the farm's grace_period_s + 2 s.
+    short = copy.deepcopy(deployment)
+    short["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 32
+    bad_compose = compose()
+    bad_compose["services"]["worker-math"]["stop_grace_period"] = "31s"
+    assert short_stop_graces(short, bad_compose) == [
+        "k8s: terminationGracePeriodSeconds 32 vs grace 30",
+        "compose worker-math: stop_grace_period 31s vs grace 30",
+    ]
+
+
+def slurm_stop(text: str, killwait: int) -> tuple[float, float]:
+    """farm.sbatch's (FARM_GRACE_PERIOD_S, seconds it waits for a worker step before SIGKILL) under a
+    cluster whose KillWait is `killwait`, computed by bash from the script's own lines."""
+    grace = re.search(r'^if \[ -z "\$\{FARM_GRACE_PERIOD_S:-\}" \]; then\n(.*?)^fi$', text, re.M | re.S)
+    limit = re.search(r'^stop_steps "worker pools[^\n]*farm-worker \\\n\s*(\$\(\(.*?\)\))', text, re.M)
+    assert grace and limit, "farm.sbatch: the grace period or the worker steps' stop not found"
+    script = re.sub(r"\$\(scontrol show config[^\n]*\)", str(killwait), grace.group(1))
+    out = subprocess.run(
+        ["bash", "-c", f'{script}\necho "$FARM_GRACE_PERIOD_S {limit.group(1)}"'],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    farm, wait = out.stdout.split()
+    return float(farm), float(wait)
+
+
+@pytest.mark.slow
+def test_slurm_gives_a_stopping_worker_more_than_its_stop_bound():
+    from workers.delivery.chores import STOP_MARGIN_S
+
+    text = (DEPLOY / "slurm" / "farm.sbatch").read_text()
+    for killwait in (10, 16, 30, 60, 120):  # Slurm's default KillWait is 30 s
+        farm, wait = slurm_stop(text, killwait)
+        assert wait > farm + STOP_MARGIN_S and killwait > farm + STOP_MARGIN_S, (killwait, farm, wait)
+    # The check fails a script that SIGKILLs sooner, or whose grace ends too close to KillWait.
+    farm, wait = slurm_stop(text.replace("${FARM_GRACE_PERIOD_S%.*} + 30", "${FARM_GRACE_PERIOD_S%.*} + 1"), 60)
+    assert not wait > farm + STOP_MARGIN_S
+    farm, _ = slurm_stop(text.replace("killwait - 10", "killwait - 1"), 30)
+    assert not 30 > farm + STOP_MARGIN_S
 
 
 # -- compose -----------------------------------------------------------------------------------------
