@@ -130,17 +130,20 @@ class EmbeddedRedis:
         fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.config())
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=lambda: os.umask(0o077),
-        )
+        with _sigint_held() as held:  # a Ctrl-C inside Popen would lose the child before it is ours
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=lambda: os.umask(0o077),
+            )
         client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=1)
         deadline = time.monotonic() + timeout_s
         try:
+            if held:
+                signal.raise_signal(signal.SIGINT)  # now, where it stops the server
             while True:
                 if self.proc.poll() is not None:
                     err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
@@ -157,6 +160,9 @@ class EmbeddedRedis:
                     self.stop()
                     raise TransportError(f"embedded redis-server not ready after {timeout_s}s on port {self.port}")
                 time.sleep(0.05)
+        except BaseException:  # a Ctrl-C while it starts: the server, in a session of its own, goes too
+            self.stop()
+            raise
         finally:
             client.close()
         log.info("embedded redis on %s (data in %s)", self.url.replace(self.password or "\0", "***"), self.data_dir)
@@ -185,6 +191,21 @@ class EmbeddedRedis:
         self.stop()
 
 
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[list]:
+    """Hold a SIGINT that arrives inside the block (main thread only; elsewhere Python delivers none):
+    the list it yields is non-empty after the block if one came."""
+    held: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _answers(host: str, port: int) -> bool:
     client = redis.Redis(host=host, port=port, socket_timeout=0.5, socket_connect_timeout=0.5)
     try:
@@ -210,8 +231,9 @@ def ensure_redis(settings: Settings) -> Iterator[Settings]:
         log.info("using the embedded redis already on 127.0.0.1:%d", settings.embedded_port)
         yield settings.replace(redis_url=f"redis://127.0.0.1:{settings.embedded_port}/0")
         return
-    server = EmbeddedRedis(settings.data_path / "redis", port=settings.embedded_port).start()
-    try:
+    server = EmbeddedRedis(settings.data_path / "redis", port=settings.embedded_port)
+    try:  # started inside: a Ctrl-C just after it started stops it too
+        server.start()
         yield settings.replace(redis_url=server.url)
     finally:
         server.stop()

@@ -716,3 +716,73 @@ def test_farm_up_starts_the_config_and_ctrl_c_stops_it_all(settings, namespace, 
         rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, rest
     wait_for(lambda: not processes_of(namespace), timeout=10, what="every process of the farm gone")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _redis_child(pid: int):
+    for c in _children(pid):
+        try:
+            if b"redis-server" in Path(f"/proc/{c}/cmdline").read_bytes():
+                return c
+        except OSError:
+            pass
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "moment",
+    ["the commands load", "the agent loads", "the embedded Redis starts"],
+)
+def test_ctrl_c_while_a_command_starts_says_so_in_one_line_and_exits_130(tmp_path, moment):
+    """`farm worker` with an embedded Redis, interrupted as a terminal's Ctrl-C does (SIGINT to its
+    process group) at a known moment of its start: `-X importtime` says which modules have loaded,
+    /proc when the redis-server child is up. Each time: `farm: interrupted`, exit 130, no traceback,
+    and no redis-server left behind (it runs in a session of its own, out of the terminal's reach)."""
+    import threading
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FARM_REDIS_URL", "FARM_CONFIG")}
+    env.update(HOME=str(tmp_path), FARM_EMBEDDED_PORT=str(free_port()), FARM_NAMESPACE=f"int{os.getpid()}")
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "farm", "worker", "--agent", "noop"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    loaded = lambda module: any(ln.startswith("import time:") and ln.split("|")[-1].strip() == module for ln in lines)  # noqa: E731
+    redis_pid = None
+    try:
+        if moment == "the commands load":
+            wait_for(lambda: loaded("click"), timeout=30, every=0.001, what="click imported")
+        elif moment == "the agent loads":
+            wait_for(lambda: loaded("workers.loops.agent"), timeout=30, every=0.001, what="the agent module")
+        else:
+            redis_pid = wait_for(lambda: _redis_child(proc.pid), timeout=30, every=0.001, what="redis-server")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 130, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(timeout=10)
+    said = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("import time:")]
+    assert not any("Traceback" in ln for ln in said) and said[-1:] == ["farm: interrupted"], said
+    assert all("INFO" in ln for ln in said[:-1]), said  # log lines of the start, nothing else
+    if redis_pid is not None:
+        try:
+            wait_for(lambda: not Path(f"/proc/{redis_pid}").exists(), timeout=10, what="the embedded redis-server gone")
+        finally:
+            if Path(f"/proc/{redis_pid}").exists():
+                os.kill(redis_pid, signal.SIGKILL)

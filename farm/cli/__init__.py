@@ -11,25 +11,42 @@ Expected failures end in one line, `farm: <what went wrong and what to do>`, and
 of its kind (farm.errors): 2 usage or configuration, 3 Redis unavailable, 4 Redis refused
 the credentials, 5 unknown agent (or, for `farm train`, an agent with no live worker), 6 no
 such run, 1 anything else, 130 interrupted (143: `farm train` stopped by SIGTERM). `--debug`
-shows the traceback. Shell completion: `farm completion bash` (or zsh, fish) prints the script.
+shows the traceback. A Ctrl-C while a command starts (its modules load, Redis or a model server
+starts) ends in `farm: interrupted` and 130 too: the command tree loads inside the boundary.
+Shell completion: `farm completion bash` (or zsh, fish) prints the script.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import click
-
-from farm.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_INTERRUPTED, FarmError
-
-# isort: off
-from farm.cli.base import cli  # the root group, which the modules below register their commands on
-from farm.cli import services, jobs, data, dead, cancel, reverify  # noqa: F401
-# isort: on
+if TYPE_CHECKING:
+    from farm.cli.base import cli
 
 __all__ = ["cli", "main"]
+
+EXIT_INTERRUPTED = 130  # farm.errors.EXIT_INTERRUPTED, here so that a Ctrl-C before it loads still has it
+
+
+def __getattr__(name: str) -> Any:
+    if name == "cli":
+        return _commands()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _commands() -> Any:
+    """The command tree, loaded on first use (inside main's boundary: a Ctrl-C while it loads is an
+    interrupt like any other, not a traceback)."""
+    # isort: off
+    from farm.cli.base import cli  # the root group, which the modules below register their commands on
+    from farm.cli import services, jobs, data, dead, cancel, reverify  # noqa: F401
+    # isort: on
+
+    return cli
+
 
 # -- the one error boundary -------------------------------------------------------------------
 
@@ -42,12 +59,33 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
+        return _run(args, debug)
+    except KeyboardInterrupt:  # while the commands loaded, or between two of _run's handlers
+        return _interrupted(debug)
+
+
+def _interrupted(debug: bool) -> int:
+    """Ctrl-C (SIGINT) at any moment of a command, its start-up included: one line, exit 130."""
+    if debug:
+        traceback.print_exc()
+    if "FARM_WORKER_SLOT" not in os.environ:  # a pool's worker: its pool, told the same, says it once
+        print("farm: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def _run(args: list[str], debug: bool) -> int:
+    import click
+
+    from farm.errors import EXIT_CONFIG, EXIT_CRASH, FarmError
+
+    cli = _commands()
+    try:
         result = cli.main(args=args, prog_name="farm", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
-        return EXIT_INTERRUPTED
+    except click.exceptions.Abort:  # Click's own word for a Ctrl-C inside a command
+        return _interrupted(debug)
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)  # set on usage errors only
         where = ctx.command_path if ctx is not None else "farm"
@@ -55,7 +93,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{where}: {_one_line(exc.format_message())}{hint}", file=sys.stderr)
         return EXIT_CONFIG if exc.exit_code in (1, 2) else exc.exit_code
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return _interrupted(debug)
     except FarmError as exc:
         if debug:
             traceback.print_exc()
