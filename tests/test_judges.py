@@ -69,6 +69,8 @@ async def test_an_api_key_comes_from_a_file_or_a_variable_never_the_settings(tmp
     assert judges.api_key("g", "JUDGE_KEY") == "sk-env"
     with pytest.raises(ConfigError, match="judge g: api_key 'NOPE' is neither a readable file"):
         judges.api_key("g", "NOPE")
+    with pytest.raises(ConfigError, match="judge g: api_key 'NOPE'"):  # at the worker's start
+        judges.install(None, {"g": JudgeConfig(urls=["http://h"], model="m", api_key="NOPE")})
 
 
 async def rollouts(n: int, policy: OpenAIPolicy, env: LLMJudge, tag: str) -> tuple[list, list[float]]:

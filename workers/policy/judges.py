@@ -291,6 +291,8 @@ def install(settings: Optional[Settings], configs: Optional[dict[str, JudgeConfi
     worker's), or `configs`; figures go to the settings' Redis, none without settings."""
     global _configs, _settings, _pool
     _configs = dict(configs if configs is not None else settings.judges if settings is not None else {})
+    for name, config in _configs.items():
+        api_key(name, config.api_key)  # a key that cannot be read stops the worker at start, in one line
     _settings = settings
     _pool = None
 
