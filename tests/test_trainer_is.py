@@ -186,3 +186,66 @@ def test_async_samples_pair_each_sampled_token_with_its_sampler_logprob():
     sampled = [(t, lp) for t, lp, m in zip(completion, logprobs, mask) if m]
     assert targets == [t for t, _ in sampled]
     assert packed["old_log_probs"].tolist() == pytest.approx([lp for _, lp in sampled])
+
+
+@pytest.mark.slow
+async def test_an_agents_sampling_override_is_recorded_and_refused_for_training(tokenizer):
+    """An agent whose `sampling` overrides the temperature samples at its own (the real agent loop,
+    a scripted model that records what it was asked with): its rollout says so in
+    metrics["sampling"], and both trainer paths refuse it in one error naming the agent and the
+    override, instead of training on a biased importance-sampling ratio. Without the override the
+    same rollout is trained on."""
+    from helpers.policies import ScriptedPolicy
+
+    from envs.math import Math
+    from envs.sdk import AgentSettings
+    from farm.errors import ConfigError
+    from farm.schema import Sampling, Task
+    from trainer.async_adapter import group_samples
+    from trainer.batch import sample_of
+    from workers.loops.agent import AgentContext
+    from workers.loops.loop import AgentLoop
+
+    asked: list = []
+
+    class Recording(ScriptedPolicy):
+        async def complete(self, prompt_ids, sampling, session):
+            asked.append(sampling)
+            return await super().complete(prompt_ids, sampling, session)
+
+    row = {
+        "responses_create_params": {"input": [{"role": "user", "content": "Compute 2 + 3."}]},
+        "question": "Compute 2 + 3.",
+        "expected_answer": "5",
+    }
+    env = Math()
+
+    async def rollout_with(overrides: dict):
+        agent = AgentLoop.over_tokens(
+            env, Recording(tokenizer, ["\\boxed{5}"]), tokenizer, AgentSettings(loop="single_turn", sampling=overrides)
+        )
+        task = Task.new(
+            run_id="is",
+            agent="math",
+            row=row,
+            reply_to="farm:results:is",
+            sampling=Sampling(temperature=1.0, top_p=1.0),
+        )
+        return task, await agent.run(task, AgentContext(worker_id="test", settings=None))
+
+    try:
+        task, hot = await rollout_with({"temperature": 0.6})
+        assert asked[-1]["temperature"] == 0.6, asked
+        assert hot.ok and hot.metrics["sampling"] == {"temperature": 0.6, "top_p": 1.0}
+        refused = "agent 'math' sampled at temperature 0.6 .* the trainer trains at temperature 1.0"
+        with pytest.raises(ConfigError, match=refused):
+            sample_of(task, hot, tokenizer)
+        with pytest.raises(ConfigError, match=refused):
+            group_samples([task], [hot], 0)
+
+        task, plain = await rollout_with({})
+        assert asked[-1]["temperature"] == 1.0 and plain.metrics["sampling"] == {"temperature": 1.0, "top_p": 1.0}
+        assert sample_of(task, plain, tokenizer).reward == 1.0
+        assert len(group_samples([task], [plain], 0)[0]) == 1
+    finally:
+        env.pool.close()

@@ -61,6 +61,7 @@ from farm.errors import TransportError
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
 from farm.tasks import cancel_and_wait
+from trainer.batch import check_sampling
 from trainer.sampling import client_deadline, extra_groups, usable, zero_variance
 
 __all__ = [
@@ -90,6 +91,8 @@ def group_samples(tasks: list[Task], rollouts: list[Rollout], group_id: int) -> 
     metrics.update({f"farm/failed/{k}": float(n) for k, n in failed.items()})
     if not good:
         return [], metrics
+    for task, r in good:
+        check_sampling(task, r)
     rewards = np.array([r.reward for _, r in good], dtype=float)
     advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
     metrics.update({"farm/reward": float(rewards.mean()), "farm/reward_std": float(rewards.std())})

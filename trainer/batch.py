@@ -127,11 +127,40 @@ def summary(m: dict[str, float]) -> str:
     return "; ".join(parts)
 
 
+def check_sampling(task: Task, rollout: Rollout) -> None:
+    """Refuse a rollout sampled at another temperature or top_p than its task asked for, the
+    trainer's (an agent's `sampling` override, in its settings or its environment's): the learner
+    computes its logprobs at the trainer's, so the truncated importance-sampling ratio against the
+    sampler's logprobs would be biased without a word. The worker records what it sampled with in
+    `metrics["sampling"]`; a rollout that does not say (the noop agent) is taken as it is."""
+    used = (rollout.metrics or {}).get("sampling")
+    if not rollout.ok or not isinstance(used, dict):
+        return
+    asked = {"temperature": task.sampling.temperature, "top_p": task.sampling.top_p}
+    off = {}
+    for key, want in asked.items():
+        got = used.get(key)
+        if got is None:  # not set: the server's default, which the task's value is sent as
+            continue
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-6):
+            off[key] = got
+    if off:
+        agent = task.agent_ref.name
+        said = ", ".join(f"{k} {v!r}" for k, v in off.items())
+        wanted = ", ".join(f"{k} {asked[k]!r}" for k in off)
+        raise ConfigError(
+            f"agent {agent!r} sampled at {said} (a `sampling` override) but the trainer trains at {wanted}: "
+            f"the importance-sampling ratio would be biased; remove {' and '.join(off)} from "
+            f"agents.{agent}.sampling (and its environment's agent sampling) for an agent you train"
+        )
+
+
 def sample_of(task: Task, rollout: Rollout, tokenizer: Any) -> Sample:
     """One rollout as TRL's sample: its token trace, or a masked placeholder (reward None) for a failed
     rollout, one with more token segments than TRL takes, or one with nothing to learn from."""
     agent = task.agent_ref.name
     trace = rollout.trace
+    check_sampling(task, rollout)
     if rollout.ok and (not rollout.trainable or trace is None):
         raise ConfigError(
             f"agent {agent!r} sent a rollout without token ids (task {task.task_id}): rollouts "

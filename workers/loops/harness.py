@@ -213,6 +213,8 @@ class HarnessAgent(EnvironmentAgent):
         state = self.env.new_state(row)
         sampling = sampling_for(task, self.settings.sampling)
         metrics: dict[str, Any] = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0}
+        # What the gateway samples with, whatever the harness asks (the trainer checks it: trainer/batch.py).
+        metrics["sampling"] = {k: sampling.get(k) for k in ("temperature", "top_p")}
         calls_made: list[dict] = []
         calls = RolloutCalls(
             model=self.farm.policy_model,

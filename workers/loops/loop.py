@@ -118,7 +118,7 @@ class AgentLoop(EnvironmentAgent):
     def _start(self, task: Task) -> Episode:
         row, params, messages, followups = read_row(self.env, task.row)
         tools = chat_tools(params["tools"]) if params.get("tools") else self.schemas
-        return Episode(
+        ep = Episode(
             convo=self.policy.conversation(messages, tools),
             followups=followups,
             row=row,
@@ -126,6 +126,10 @@ class AgentLoop(EnvironmentAgent):
             sampling=sampling_for(task, self.settings.sampling),
             session=Session(group=task.group_id, key=task.task_id),
         )
+        # What it really samples with (an agent's `sampling` override may differ from the task's):
+        # the trainer refuses a rollout sampled at another temperature or top_p (trainer/batch.py).
+        ep.metrics["sampling"] = {k: ep.sampling.get(k) for k in ("temperature", "top_p")}
+        return ep
 
     async def _model_turn(self, ep: Episode, step: int) -> Optional[Turn]:
         """One model turn, added to the conversation and the output; None when the rollout ends here."""
