@@ -183,6 +183,12 @@ class DurableRedis(aioredis.Redis):
 
     durability: "Durability"
 
+    async def aclose(self, close_connection_pool: Optional[bool] = None) -> None:
+        """Close the client, and with a Sentinel-backed one the connections to the Sentinels too."""
+        await super().aclose(close_connection_pool)
+        for sentinel in getattr(getattr(self.connection_pool, "sentinel_manager", None), "sentinels", ()):
+            await sentinel.aclose()
+
 
 def durability_of(r: Any) -> "Durability":
     """The Durability a client from `connect` carries; none (no WAIT) for any other client."""
@@ -238,6 +244,8 @@ def answers(settings: Settings, timeout_s: float = 1.0) -> bool:
         return True
     finally:
         client.close()
+        for sentinel in getattr(getattr(client.connection_pool, "sentinel_manager", None), "sentinels", ()):
+            sentinel.close()
 
 
 def reached(settings: Settings, timeout_s: float = 3.0) -> None:

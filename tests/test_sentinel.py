@@ -101,7 +101,14 @@ async def test_clients_from_a_sentinel_url_reach_the_master_and_follow_a_failove
     sync.close()
     r = connect(settings)
     outage = Outage.for_settings(settings)
-    assert await outage.call(lambda: r.incr(f"{namespace}:n"), "counting") == 1
+
+    async def durable_incr() -> list:  # WAIT on the INCR's own connection: the replica has it before the kill
+        pipe = r.pipeline(transaction=False)
+        pipe.incr(f"{namespace}:n")
+        pipe.execute_command("WAIT", 1, 2000)
+        return await pipe.execute()
+
+    assert await outage.call(durable_incr, "counting") == [1, 1]
     old = cluster.kill_master()
     cluster.wait_failover(old)
     assert await outage.call(lambda: r.incr(f"{namespace}:n"), "counting") == 2, "the replica had it"
