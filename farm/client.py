@@ -413,31 +413,39 @@ class FarmClient:
             run_id=run_id, open_count=count or 0, run_known=count is not None, run_already_cancelled=already
         )
         if count:
-            report.drained = await self.outage.call(lambda: self._drain(run_id), "cancelling a run's queued tasks")
+            drained: dict[str, int] = {}  # per agent, kept across the retries of an outage
+            await self.outage.call(lambda: self._drain(run_id, drained), "cancelling a run's queued tasks")
+            report.drained = sum(drained.values())
+            if report.drained and self.settings.history:
+                await self.outage.call(lambda: self._count_drained(run_id, drained), "counting the drained tasks")
         log.debug("cancel: %s", report.line())
         return report
 
-    async def _drain(self, run_id: str) -> int:
+    async def _drain(self, run_id: str, drained: dict[str, int]) -> None:
         """Answer the run's queued tasks on every agent with `cancelled` rollouts at once (farm.fairness),
-        and count them in the minute's history bucket (farm.history.drained)."""
+        adding how many per agent to `drained`."""
         agents = sorted(text(a) for a in await self.r.smembers(self.keys.agents()))
         pipe = self.r.pipeline(transaction=False)
         for agent in agents:
             pipe.exists(self.keys.queue(agent, run_id))
-        queued = [a for a, n in zip(agents, await pipe.execute()) if n]
-        total = 0
-        for agent in queued:
+        for agent in [a for a, n in zip(agents, await pipe.execute()) if n]:
             n = await fairness.drain(self.r, self.keys, agent, run_id, "cancelled while queued")
-            if n and self.settings.history:  # no worker settles these: count them as a settle would
-                await scripts.bucket(
+            drained[agent] = drained.get(agent, 0) + n
+
+    async def _count_drained(self, run_id: str, drained: dict[str, int]) -> None:
+        """Count drained tasks in their agents' minute buckets, as a worker's settle counts the tasks it
+        settles (no worker settles these), in one transaction (farm.history.drained)."""
+        pipe = self.r.pipeline(transaction=True)
+        for agent, n in drained.items():
+            if n:
+                scripts.bucket(
                     bucket=self.keys.history(agent, history.minute()),
                     stream=self.keys.tasks(agent),
                     backlog=self.keys.backlog(agent),
                     ttl_s=self.settings.history_ttl_s,
                     counts=history.drained(run_id, n),
-                ).run_source(self.r)
-            total += n
-        return total
+                ).queue_source(pipe)
+        await pipe.execute()
 
     async def live_agents(self) -> set[str]:
         """Agents with at least one live worker (their heartbeats have not expired)."""
