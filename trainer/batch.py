@@ -11,6 +11,7 @@ own, as `farm/multi_segment_masked`, not in `farm/failed` (trainer/rollout.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections import Counter, defaultdict
@@ -38,6 +39,7 @@ class Sample:
     status: str
     agent: str
     policy_version: int
+    stale_masked: int = 0  # sampled tokens masked for their age (FarmRollout's mask_stale_tokens)
 
 
 @dataclass
@@ -211,3 +213,34 @@ def placeholder_prompt(row: dict, tokenizer: Any) -> list[int]:
     )
     ids = tokenizer(text or " ", add_special_tokens=False)["input_ids"][:64]
     return ids or [tokenizer.eos_token_id]
+
+
+def parse_row(prompt: Any) -> dict:
+    """The NeMo Gym row behind one TRL prompt (a JSON string, or the row itself)."""
+    try:
+        row = json.loads(prompt) if isinstance(prompt, str) else prompt
+    except json.JSONDecodeError:
+        row = None
+    if not isinstance(row, dict) or not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
+        raise ValueError(
+            "each prompt must be a NeMo Gym row (JSON) with agent_ref.name; "
+            "load the dataset with trainer.train.load_rows and trainer.train.to_dataset"
+        )
+    return row
+
+
+def trl_groups(prompts: list, num_generations: int) -> list[tuple[Any, dict]]:
+    """(prompt, row) of each group of TRL's prompts, checked to be whole groups of one prompt."""
+    rows = [parse_row(p) for p in prompts]
+    if len(rows) % num_generations:
+        raise ValueError(f"{len(rows)} prompts is not a whole number of groups of {num_generations}")
+    out = []
+    for g in range(len(rows) // num_generations):
+        group = rows[g * num_generations : (g + 1) * num_generations]
+        if any(r != group[0] for r in group[1:]):
+            raise ValueError(
+                f"group {g}: the {num_generations} consecutive prompts of a group differ; "
+                "TRL repeats each prompt num_generations times in a row"
+            )
+        out.append((prompts[g * num_generations], group[0]))
+    return out

@@ -117,6 +117,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     oversample: float = 1.0  # submit this many times the groups a step needs; keep the first done, cancel the rest
     drop_zero_variance_groups: bool = False  # a group whose rewards are all equal is dropped and replaced
     max_refills: int = 4  # at most this many rounds of replacement groups per step
+    partial_rollouts: bool = False  # interrupt the groups a step does not take and resume them the next step
+    mask_stale_tokens: Optional[int] = None  # mask tokens sampled more than this many versions before the step's
     min_usable_groups: int = 1  # a batch with fewer groups holding a trainable rollout is not trained on
     max_unusable_batches: int = 3  # submit a step's prompts again this many times, then stop the run
     worker_wait_s: float = 10.0  # pre-flight: how long every agent the data names may take to show a live worker
@@ -136,6 +138,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.mask_stale_tokens is not None and self.mask_stale_tokens < 0:
+            raise ValueError(f"mask_stale_tokens must be >= 0 (versions), got {self.mask_stale_tokens}")
         if self.rollout_timeout_s <= 0:
             raise ValueError("rollout_timeout_s must be > 0")
         if not self.oversample >= 1.0:  # NaN included

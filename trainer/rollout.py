@@ -1,49 +1,32 @@
 """The bridge from TRL's GRPOTrainer to the farm: a `rollout_func` that submits Tasks and waits.
 
-TRL 1.16 calls `rollout_func(prompts, trainer)` with the batch's prompts already repeated
-`num_generations` times (consecutive repeats form one group) and expects one entry per prompt
-in order: `prompt_ids`, `completion_ids`, `logprobs`, plus optional list fields. `env_mask`
-becomes TRL's tool mask (multiplied into the loss mask: 1 = sampled by the model, 0 =
-inserted by the environment); every other extra field (here `env_reward`, `agent`,
-`farm_status`, `policy_version`) is forwarded to the reward functions as a keyword argument.
+TRL 1.16 calls `rollout_func(prompts, trainer)` with the batch's prompts repeated `num_generations`
+times (consecutive repeats form one group) and expects one entry per prompt in order: `prompt_ids`,
+`completion_ids`, `logprobs`, plus optional list fields. `env_mask` becomes TRL's tool mask (1 =
+sampled by the model, 0 = inserted by the environment); the other extra fields (`env_reward`,
+`agent`, `farm_status`, `policy_version`) reach the reward functions as keyword arguments. As in
+TRL's NeMo Gym example, each prompt is a whole NeMo Gym row as JSON, so `agent_ref` travels with it
+and one batch can mix environments. A rollout without token ids (policy_kind chat/responses) stops
+training with a ConfigError rather than being masked into a batch that trains on nothing.
 
-As in TRL's NeMo Gym example, each dataset prompt is a whole NeMo Gym row serialized as JSON,
-so `agent_ref` travels with it and one batch can mix environments: each prompt becomes one
-Task on its agent's stream, `group_id` shared by the group, `sample_index` its place in it.
+A step may submit more groups than TRL asked for and take the first ones back (`oversample`), and
+pass over groups whose rewards are all equal (`drop_zero_variance_groups`, `max_refills`):
+trainer/sampling.py holds that choice and the bias it leaves. The batch is still one entry per
+prompt TRL gave; a TRL group that lost the race has its place filled by another group, whose
+`farm_prompt` (the row it answers) comes back aligned: a custom reward function must read it.
+Tasks still open when a step ends are cancelled, their late rollouts dropped, so a `cancelled`
+rollout never reaches TRL; with `partial_rollouts` they are interrupted instead and the next step
+resumes their groups from their last token (trainer/partial.py).
 
-A rollout without token ids (policy_kind chat/responses: `trainable` False, or ok without a
-trace) stops training with a ConfigError: it cannot be trained on, and masking every one of
-them would train on nothing while looking healthy.
-
-A step may submit more groups than TRL asked for and take the first ones to come back
-(`oversample`), and pass over groups whose rewards are all equal, submitting others in their
-place (`drop_zero_variance_groups`, `max_refills`): trainer/sampling.py holds that choice, its
-bounds and the bias it leaves. The batch is still one entry per prompt TRL gave, group by group;
-a TRL group that lost the race keeps its place filled by another group, whose token ids (what
-trains), reward, agent and `farm_prompt` (the row it answers, as JSON) come back aligned. What
-TRL itself keeps of its `prompts` (the `prompts=` argument of reward functions, other dataset
-columns, the completions table) still names the prompt it sampled: a custom reward function
-must read `farm_prompt`. Tasks still open when a step ends are cancelled on the farm and their
-late rollouts dropped, so a `cancelled` rollout never reaches TRL.
-
-A failed rollout (the worker's `failed` record, or no answer before the deadline) is masked,
-never scored 0: one placeholder token with env_mask 0 (nothing reaches the loss), and
-`env_reward=None`, which TRL turns into NaN and excludes from the group baseline and the
-advantages. Failures are counted per kind in the logged metrics.
-
-A training batch with fewer than `min_usable_groups` groups holding a trainable rollout (all
-failed, say) is never returned to TRL, so TRL takes no optimizer step and the trainer syncs no
-weights on it: the step's prompts are submitted again, up to `max_unusable_batches` batches, and
-then the run stops (UnusableBatches); it stops at once (NoLiveWorker, exit 5) when an agent whose
-rollouts failed has no live worker, which no resubmission can mend. Evaluation batches are
-returned as they come.
-
-A rollout whose tokens come in several segments (`Rollout.segments`: a harness that edited its
-history, workers/gateway) would be several samples, and TRL gives this path one sample per
-prompt: it is masked as a failure is (reward None, never 0) and counted as
-`farm/multi_segment_masked` (trainer/batch.py's sample_of); the async adapter
-(trainer/async_adapter.py) trains segments as samples sharing the rollout's reward. The asyncio
-client runs on trainer/loop_thread.py's loop, so its connection persists from step to step.
+A failed rollout (the worker's `failed` record, or no answer before the deadline) is masked, never
+scored 0: one placeholder token with env_mask 0 and `env_reward=None`, which TRL excludes from the
+group baseline. A training batch with fewer than `min_usable_groups` groups holding a trainable
+rollout is never returned to TRL (no optimizer step, no weight sync): the prompts are submitted
+again, up to `max_unusable_batches` batches, then the run stops (UnusableBatches); at once
+(NoLiveWorker, exit 5) when an agent whose rollouts failed has no live worker. A rollout in several
+token segments (a harness that edited its history) is masked here and counted as
+`farm/multi_segment_masked`; the async adapter trains segments as samples. The asyncio client runs
+on trainer/loop_thread.py's loop, so its connection persists from step to step.
 """
 
 from __future__ import annotations
@@ -55,17 +38,21 @@ import time
 import uuid
 from typing import Any, AsyncGenerator, Callable, Iterable, Optional, cast
 
+import msgspec
+
 from farm.client import FarmClient
 from farm.errors import EXIT_UNKNOWN_AGENT, FarmError, TransportError
 from farm.schema import Rollout, Sampling, Task
 from farm.settings import Settings
-from trainer.batch import Batch, Sample, batch_metrics, sample_of, summary
+from trainer.batch import Batch, Sample, batch_metrics, parse_row, sample_of, summary, trl_groups
 from trainer.loop_thread import LoopThread
+from trainer.partial import Carried, carry, interrupt_open, mask_stale, resumed_group, step_tokens
 from trainer.sampling import Group, GroupSelection, SpareRows, extra_groups
 
 __all__ = ["FarmRollout", "NoLiveWorker", "UnusableBatches", "env_reward", "parse_row"]
 
 log = logging.getLogger("farm.trainer")
+INTERRUPT_WAIT_S = 10.0  # how long a step waits for the rollouts of the tasks it interrupted
 
 
 class UnusableBatches(FarmError):
@@ -76,20 +63,6 @@ class NoLiveWorker(FarmError):
     """An agent the data names has no live worker: its tasks would wait for nothing."""
 
     exit_code = EXIT_UNKNOWN_AGENT
-
-
-def parse_row(prompt: Any) -> dict:
-    """The NeMo Gym row behind one TRL prompt (a JSON string, or the row itself)."""
-    try:
-        row = json.loads(prompt) if isinstance(prompt, str) else prompt
-    except json.JSONDecodeError:
-        row = None
-    if not isinstance(row, dict) or not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
-        raise ValueError(
-            "each prompt must be a NeMo Gym row (JSON) with agent_ref.name; "
-            "load the dataset with trainer.train.load_rows and trainer.train.to_dataset"
-        )
-    return row
 
 
 class FarmRollout:
@@ -122,6 +95,8 @@ class FarmRollout:
         max_in_flight: int = 0,
         min_usable_groups: int = 1,
         max_unusable_batches: int = 3,
+        partial_rollouts: bool = False,
+        mask_stale_tokens: Optional[int] = None,
     ):
         extra_groups(1, oversample)  # checks it
         if min_usable_groups < 1 or max_unusable_batches < 1:
@@ -139,16 +114,19 @@ class FarmRollout:
         self.timeout_s = timeout_s
         self.num_generations = num_generations
         self.sampling = sampling or Sampling()
-        self.oversample, self.drop_zero_variance_groups, self.max_refills = (
-            oversample,
-            drop_zero_variance_groups,
-            max_refills,
-        )
+        self.oversample, self.max_refills = oversample, max_refills
+        self.drop_zero_variance_groups = drop_zero_variance_groups
         self.share = share  # of the farm's workers, while other runs have a backlog (farm.fairness)
         self.max_in_flight = max_in_flight  # the run's cap per agent (0: none), whatever its share
         self.spares = SpareRows([parse_row(r) for r in spare_rows], seed=spare_seed) if spare_rows else None
         self.min_usable_groups, self.max_unusable_batches = min_usable_groups, max_unusable_batches
         self.unusable_batches = 0  # batches not trained on, over the run
+        # Over-sampling interrupts the groups it does not take, and the next step resumes them
+        # (trainer/partial.py); tokens more than `mask_stale_tokens` versions old are masked.
+        self.partial_rollouts, self.mask_stale_tokens = partial_rollouts, mask_stale_tokens
+        self.carried: list[Carried] = []
+        self._late: dict[str, Rollout] = {}
+        self._offered_again: set[str] = set()  # a carried group's finished rollouts, received a step before
         self.step = 0  # the optimizer step being generated for (TRL's global_step + 1)
         self.version = 0
         self.batches: list[Batch] = []
@@ -189,22 +167,6 @@ class FarmRollout:
         }
 
     # -- the farm side -----------------------------------------------------------------------
-    def _groups_of(self, prompts: list, num_generations: int) -> list[tuple[Any, dict]]:
-        """(prompt, row) of each group of TRL's prompts, checked to be whole groups of one prompt."""
-        rows = [parse_row(p) for p in prompts]
-        if len(rows) % num_generations:
-            raise ValueError(f"{len(rows)} prompts is not a whole number of groups of {num_generations}")
-        out = []
-        for g in range(len(rows) // num_generations):
-            group = rows[g * num_generations : (g + 1) * num_generations]
-            if any(r != group[0] for r in group[1:]):
-                raise ValueError(
-                    f"group {g}: the {num_generations} consecutive prompts of a group differ; "
-                    "TRL repeats each prompt num_generations times in a row"
-                )
-            out.append((prompts[g * num_generations], group[0]))
-        return out
-
     def _group(self, row: dict, group_id: str, num_generations: int, sampling: Sampling, **kw: Any) -> Group:
         ref = row["agent_ref"]
         tasks = [
@@ -227,7 +189,7 @@ class FarmRollout:
         self, prompts: list, num_generations: int, sampling: Sampling, select: bool
     ) -> tuple[GroupSelection, Callable[[int], Group]]:
         """TRL's groups (each in its slot), plus the extra groups when over-sampling."""
-        given = self._groups_of(prompts, num_generations)
+        given = trl_groups(prompts, num_generations)
         call = self._calls
         self._calls += 1
         sel = GroupSelection(
@@ -247,9 +209,22 @@ class FarmRollout:
             return group
 
         if select:
-            for _ in range(extra_groups(len(given), self.oversample)):
+            extra = extra_groups(len(given), self.oversample)
+            for c in self.carried if self.partial_rollouts else []:
+                group, done = resumed_group(c, self.client.keys, self.settings.max_entry_bytes, self._fresh)
+                sel.add(group)
+                for rollout in done:
+                    sel.offer(rollout)
+                    self._offered_again.add(rollout.task_id)
+            extra -= len(self.carried) if self.partial_rollouts else 0
+            self.carried = []
+            for _ in range(max(0, extra)):
                 spawn(0)
         return sel, spawn
+
+    def _fresh(self, task: Task) -> Task:
+        """A sample that came back with nothing, submitted again as a new task."""
+        return msgspec.structs.replace(task, task_id=uuid.uuid4().hex, created_at=time.time(), attempt=1, history=[])
 
     def tasks_for(self, prompts: list, num_generations: int, sampling: Sampling) -> list[Task]:
         """The Tasks of TRL's groups, as one step submits them (without extra groups)."""
@@ -323,10 +298,16 @@ class FarmRollout:
         samples = [self.sample(t, r) for t, r in pairs]
         metrics = batch_metrics(tasks, rollouts, samples, self.version, wall)
         metrics.update(sel.metrics(cancelled_ids, cancelled_at, chosen))
+        taken = {id(g) for g in chosen}
+        lost = [g for g in sel.groups if id(g) not in taken and any(t.task_id in open_ids for t in g.tasks)]
+        if select and self.partial_rollouts:  # the groups that lost the race go on next step
+            self.carried = carry(lost, self._late)
+            lost = [g for g in lost if not any(c.group_id == g.group_id for c in self.carried)]
         if select and self.spares is not None:  # the prompts that lost the race go first next time
-            taken = {id(g) for g in chosen}
-            lost = [g for g in sel.groups if id(g) not in taken and any(t.task_id in open_ids for t in g.tasks)]
             self.spares.carry(g.row for g in lost)
+        if self.partial_rollouts or self.mask_stale_tokens is not None:
+            metrics.update(self._token_figures(sel, pairs, samples))
+        self._late = {}
         prompts_used = [json.dumps(g.row) if g.prompt is None else g.prompt for g in chosen for _ in g.tasks]
         batch = Batch(tasks, rollouts, samples, metrics, prompts_used, sel.groups)
         self.batches = (self.batches + [batch])[-self.keep_batches :]
@@ -337,7 +318,7 @@ class FarmRollout:
         """Submit, stream rollouts into the selection (submitting refills) until it is finished or
         the deadline passes, then cancel what is still open."""
         deadline = time.time() + self.timeout_s
-        await self._submit(t for g in sel.groups for t in g.tasks)
+        await self._submit(t for g in sel.groups for t in g.tasks if t.task_id not in g.rollouts)
         while not sel.finished():
             new = await self._stream(sel, spawn, deadline)
             if not new:
@@ -369,10 +350,12 @@ class FarmRollout:
         open_tasks = [t for g in sel.groups for t in g.open_tasks()]
         if not open_tasks:
             return set(), set(), now
+        open_ids = {t.task_id for t in open_tasks}
+        if self.partial_rollouts:
+            return open_ids, await self._interrupt_open(open_tasks), now
         reader = self.client.reader(self.run_id)
         for t in open_tasks:
             reader.drop(t.task_id)  # a late rollout of theirs is dropped as a duplicate
-        open_ids = {t.task_id for t in open_tasks}
         try:
             report = await self.client.cancel(open_tasks)
         except TransportError as exc:
@@ -380,8 +363,19 @@ class FarmRollout:
             return open_ids, set(), now
         return open_ids, set(report.open), now
 
+    async def _interrupt_open(self, open_tasks: list[Task]) -> set[str]:
+        opened, self._late = await interrupt_open(self.client, self.run_id, open_tasks, INTERRUPT_WAIT_S)
+        return opened
+
+    def _token_figures(self, sel: GroupSelection, pairs: list, samples: list) -> dict[str, float]:
+        seen, self._offered_again = self._offered_again, set()
+        return step_tokens(sel, pairs, samples, self._late, self.carried, self.version, seen)
+
     def sample(self, task: Task, rollout: Rollout) -> Sample:
-        return sample_of(task, rollout, self.tokenizer)
+        sample = sample_of(task, rollout, self.tokenizer)
+        if self.mask_stale_tokens is not None and sample.reward is not None:
+            sample.stale_masked = mask_stale(sample.env_mask, rollout, self.version - self.mask_stale_tokens)
+        return sample
 
     def cancel_run(self) -> str:
         """Cancel every task of this run still queued or running (an interrupted run); one line saying what."""

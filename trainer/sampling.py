@@ -144,6 +144,10 @@ class GroupSelection:
         self.completed.append(group)
         return group
 
+    def task(self, task_id: str) -> Task:
+        """A task of the selection, by id."""
+        return next(t for t in self._by_task[task_id].tasks if t.task_id == task_id)
+
     def of_kind(self, kind: str) -> list[Group]:
         return [g for g in self.completed if g.kind == kind]
 

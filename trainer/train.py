@@ -207,6 +207,8 @@ def build_trainer(
         max_refills=cfg.max_refills,
         share=cfg.share,
         max_in_flight=cfg.max_in_flight,
+        partial_rollouts=cfg.partial_rollouts,
+        mask_stale_tokens=cfg.mask_stale_tokens,
         min_usable_groups=cfg.min_usable_groups,
         max_unusable_batches=cfg.max_unusable_batches,
         spare_rows=train_rows,

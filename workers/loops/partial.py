@@ -17,19 +17,18 @@ its size counts toward `max_entry_bytes` like every entry's.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Partial, Rollout, Status, Task
 from workers.loops.env_calls import call_tool
 
-if TYPE_CHECKING:
-    from workers.loops.loop import AgentLoop, Episode
-
 __all__ = ["interrupted_rollout", "resume_episode"]
 
+# `ep` is workers.loops.loop's Episode and `loop` its AgentLoop, typed Any: that module imports this one.
 
-def interrupted_rollout(ep: "Episode", task: Task, model: str) -> Rollout:
+
+def interrupted_rollout(ep: Any, task: Task, model: str) -> Rollout:
     """The one rollout of an interrupted run: `interrupted`, with its partial when the backend keeps
     token ids (the tokens backend; a chat or Responses conversation has no ids to go on from)."""
     partial = None
@@ -45,7 +44,7 @@ def interrupted_rollout(ep: "Episode", task: Task, model: str) -> Rollout:
             output=list(ep.output),
             tool_calls=list(ep.calls_made),
             followups_left=len(ep.followups),
-            metrics={k: v for k, v in ep.metrics.items() if isinstance(v, (int, float, str, bool))},
+            metrics={k: v for k, v in ep.metrics.items() if isinstance(v, (int, float, str, bool, dict))},
             model=model,
             resumes=prior.resumes if prior is not None else 0,
             origin=prior.origin if prior is not None and prior.origin else task.task_id,
@@ -65,7 +64,7 @@ def interrupted_rollout(ep: "Episode", task: Task, model: str) -> Rollout:
     )
 
 
-async def resume_episode(loop: "AgentLoop", ep: "Episode", partial: Partial, model: str) -> None:
+async def resume_episode(loop: Any, ep: Any, partial: Partial, model: str) -> None:
     """Put the episode where `partial` stopped: its tokens, output, turns done and follow-ups left,
     and the environment's state rebuilt by running its tool calls again."""
     restore = getattr(ep.convo, "restore", None)
@@ -88,7 +87,7 @@ async def resume_episode(loop: "AgentLoop", ep: "Episode", partial: Partial, mod
     await _replay_tools(loop, ep, partial)
 
 
-async def _replay_tools(loop: "AgentLoop", ep: "Episode", partial: Partial) -> None:
+async def _replay_tools(loop: Any, ep: Any, partial: Partial) -> None:
     """Run the recorded tool calls again on the fresh state; each must answer as it did."""
     answers = _recorded_answers(partial.output)
     scratch: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0}
