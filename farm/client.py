@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 
 from farm import cancel, fairness, history, schema, scripts
 from farm.cancel import CancelReport
-from farm.connection import connect
+from farm.connection import connect, durability_of
 from farm.errors import ConfigError
 from farm.keys import GROUP, Keys, check_name, text
 from farm.results import ResultReader
@@ -152,8 +152,13 @@ class FarmClient:
                 fairness.enqueue(pipe, self.keys, agent, run, items, share, cap)
             for agent in agents:
                 fairness.wake(pipe, self.keys, agent, GROUP)
+            durability = durability_of(self.r)
+            durability.queue(pipe)  # redis_wait_replicas: acknowledged once replicas have it (farm.connection)
             self._cancelled.read(pipe, list(runs))
-            cancelled_at[:] = (await pipe.execute())[-1]
+            replies = await pipe.execute()
+            cancelled_at[:] = replies[-1]
+            if durability:
+                durability.check(replies[-2], "submitting tasks")
 
         # A lost reply may mean the chunk went in: consumers deduplicate by task_id.
         await self.outage.call(add, "submitting tasks")

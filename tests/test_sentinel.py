@@ -289,3 +289,30 @@ async def test_sentinel_urls_take_the_password_from_the_url_or_the_environment(t
         assert answers(wrong), "a refusal is an answer: the server is there"
     finally:
         c.stop()
+
+
+@pytest.mark.slow
+async def test_a_submit_waits_for_a_replica_once_per_chunk(cluster, namespace):
+    """With redis_wait_replicas 1, each submitted chunk ends in one WAIT: when submit returns, the
+    replica has every task of it (what a failover right then keeps)."""
+    from farm.client import FarmClient
+
+    settings = make_settings(cluster.url, namespace, redis_wait_replicas=1, redis_wait_timeout_ms=2000)
+    master = cluster.client(cluster.master())
+    replica = cluster.client(next(p for p in cluster.replica_ports if p != cluster.master()))
+
+    def waits() -> int:
+        return int(master.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+    client = FarmClient(settings, chunk=100)
+    tasks = [client.task(run_id="w", agent="noop", row={"i": i}) for i in range(250)]
+    before = waits()
+    await client.submit(tasks, check_agents=False)
+    assert waits() - before == 3, "one WAIT per chunk of 100"
+    assert replica.zcard(settings.keys.open_tasks()) == 250, "the replica had every task once submit returned"
+    await client.aclose()
+    plain = FarmClient(make_settings(cluster.url, namespace))
+    before = waits()
+    await plain.submit(tasks[:10], check_agents=False)
+    assert waits() == before, "no WAIT without redis_wait_replicas"
+    await plain.aclose()

@@ -131,13 +131,14 @@ class WeightSyncCallback(_callback_base()):
         """Tell the workers (farm/policy_version.py) that `version` is loading, or live."""
         if not self.redis_url:
             return
-        import redis
-
+        from farm.connection import connect_sync
         from farm.errors import TransportError
         from farm.keys import Keys
+        from farm.settings import Settings
         from farm.transport import errors
 
-        r = redis.Redis.from_url(self.redis_url)
+        # farm.connection's client: Sentinel URLs and the password settings work here as everywhere.
+        r = connect_sync(Settings(redis_url=self.redis_url, namespace=self.namespace))
         try:
             with errors(self.redis_url):
                 announce(r, Keys(self.namespace), version)
