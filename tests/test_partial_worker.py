@@ -126,3 +126,38 @@ async def test_resume_refuses_what_it_cannot_go_on_from_before_submitting_anythi
     assert sync_redis.zcard(settings.keys.open_tasks()) == 0, "nothing was submitted"
     await small.aclose()
     await client.aclose()
+
+
+async def test_the_command_line_interrupts_and_resumes_and_refuses_in_one_line(
+    settings, sync_redis, tokenizer, tmp_path, capsys
+):
+    """`farm cancel --interrupt` and `farm resume --input FILE`: a rollout that was not interrupted,
+    or a file line that is not a rollout, ends in one line and exit 2 with nothing submitted."""
+    from farm.cli import main
+
+    client = FarmClient(settings)
+    task = client.task(run_id="cli", agent=AGENT, row=ROW)
+    policy = StreamingScript(tokenizer, SCRIPT, pause_at=(0, 5))
+    flags = ["--redis-url", settings.redis_url, "--namespace", settings.namespace]
+    async with worker(settings, policy, tokenizer):
+        await client.submit([task])
+        await asyncio.wait_for(policy.paused.wait(), 20)
+        assert await asyncio.to_thread(main, [*flags, "cancel", "--interrupt", task.task_id]) == 0
+        cut = (await client.collect([task], timeout_s=10))[task.task_id]
+    assert cut.status is Status.interrupted and cut.partial.open_turn == 5
+    good, done = tmp_path / "cut.jsonl", tmp_path / "done.jsonl"
+    good.write_bytes(msgspec.json.encode(cut) + b"\n")
+    done.write_bytes(msgspec.json.encode(msgspec.structs.replace(cut, status=Status.ok, partial=None)) + b"\n")
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, [*flags, "resume", "--input", str(done)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ended ok, not interrupted" in err[0] and "Traceback" not in err[0]
+    (tmp_path / "torn.jsonl").write_bytes(b'{"task_id": "x"\n')
+    assert await asyncio.to_thread(main, [*flags, "resume", "--input", str(tmp_path / "torn.jsonl")]) == 2
+    assert "torn.jsonl:1: not a rollout" in capsys.readouterr().err
+    assert sync_redis.zcard(settings.keys.open_tasks()) == 0, "nothing submitted"
+    assert await asyncio.to_thread(main, [*flags, "resume", "--input", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "1 continuations submitted" in out and task.task_id in out
+    assert sync_redis.zcard(settings.keys.open_tasks()) == 1
+    await client.aclose()
