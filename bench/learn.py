@@ -76,6 +76,11 @@ def parse(argv):
     p.add_argument(
         "--drop-zero-variance", action="store_true", help="drop groups whose rewards are all equal and refill"
     )
+    p.add_argument(
+        "--partial-rollouts",
+        action="store_true",
+        help="interrupt the groups a step does not take and resume them next step (workers stream completions)",
+    )
     p.add_argument("--eval-only", action="store_true", help="only the held-out evaluation of the base model")
     p.add_argument("--out", default=str(ROOT / "bench" / "out" / "learn"))
     return p.parse_args(argv)
@@ -124,7 +129,7 @@ def start(a, out: Path):
     heldout = held_out(env, a.eval_rows, a.seed, train)
     (out / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
     agents = {a.env: {"env": a.env, "env_options": options, "sampling": {"max_tokens": a.max_tokens}}}
-    (out / "workers.yaml").write_text(json.dumps({"agents": agents}))
+    (out / "workers.yaml").write_text(json.dumps({"agents": agents, "policy_stream": a.partial_rollouts}))
     child = dict(
         os.environ,
         FARM_REDIS_URL=redis_url,
@@ -168,6 +173,7 @@ def train(a, out: Path, settings, server, model_dir):
         lora_r=a.lora_r or None,
         oversample=a.oversample,
         drop_zero_variance_groups=a.drop_zero_variance,
+        partial_rollouts=a.partial_rollouts,
     )
     clock = _callback()
     t0 = time.perf_counter()
@@ -191,6 +197,10 @@ def train(a, out: Path, settings, server, model_dir):
                 "failed": int(batch.metrics["farm/failed"]),
                 "groups_cancelled": int(batch.metrics.get("farm/groups/cancelled", 0)),
                 "zero_variance_dropped": int(batch.metrics.get("farm/groups/zero_variance_dropped", 0)),
+                "tokens_generated": int(batch.metrics.get("farm/tokens/generated", 0)),
+                "tokens_trained": int(batch.metrics.get("farm/tokens/trained", 0)),
+                "tokens_discarded": int(batch.metrics.get("farm/tokens/discarded", 0)),
+                "resumed_in_batch": int(batch.metrics.get("farm/partial/resumed_in_batch", 0)),
                 "generation_s": round(gen, 2),
                 "sync_s": round(sync, 2),
                 "training_s": round(step_s - gen - sync, 2),
@@ -272,7 +282,12 @@ def main(argv=None) -> int:
         "seed": a.seed,
         "oversample": a.oversample,
         "drop_zero_variance_groups": a.drop_zero_variance,
+        "partial_rollouts": a.partial_rollouts,
         "groups_cancelled": sum(r["groups_cancelled"] for r in steps),
+        "tokens_generated": sum(r["tokens_generated"] for r in steps),
+        "tokens_trained": sum(r["tokens_trained"] for r in steps),
+        "tokens_discarded": sum(r["tokens_discarded"] for r in steps),
+        "resumed_in_batch": sum(r["resumed_in_batch"] for r in steps),
         "zero_variance_dropped": sum(r["zero_variance_dropped"] for r in steps),
         "heldout_rows": b["n"],
         "pass_before": b["pass_rate"],
