@@ -41,6 +41,7 @@ _json = msgspec.json
 DISTS = ("fixed", "uniform", "lognormal")
 PICKS = ("scripted", "random")
 MAX_ABORTS = 100_000
+CONTINUED = "stub_continued"  # a completion's reply: how many of its ids the prompt already held
 
 
 class Script(msgspec.Struct, kw_only=True):
@@ -154,9 +155,13 @@ class State:
             raise ValueError("prompt must be a non-empty list of token ids")
         if len(prompt) >= self.script.max_model_len:
             raise ValueError(f"This model's maximum context length is {self.script.max_model_len} tokens")
-        ids = self._token_reply(prompt)
-        if self.o.filler_tokens:
-            ids = self.rng.choices(self.script.filler, k=self.o.filler_tokens) + ids
+        continued = self._continued(prompt)
+        if continued is not None:  # an interrupted turn sent back: the rest of the same reply
+            done, ids = continued
+        else:
+            done, ids = 0, self._token_reply(prompt)
+            if self.o.filler_tokens:
+                ids = self.rng.choices(self.script.filler, k=self.o.filler_tokens) + ids
         finish = "stop"
         limit = body.get("max_tokens")
         if isinstance(limit, int) and limit < len(ids):
@@ -182,7 +187,18 @@ class State:
                 "completion_tokens": len(ids),
                 "prompt_tokens_details": {"cached_tokens": cached},
             },
+            CONTINUED: done,  # taken off by the server: a continuation takes the rest of the time only
         }
+
+    def _continued(self, prompt: list[int]) -> Optional[tuple[int, list[int]]]:
+        """(k, the rest) when the prompt ends with the first k >= 2 ids of a token reply, as the
+        prompt of a continuation does (an interrupted rollout's ids sent back): the model goes on
+        with the same reply, as a greedy model would, instead of starting a new one."""
+        for reply in self.script.token_replies:
+            for k in range(min(len(reply) - 1, len(prompt)), 1, -1):
+                if prompt[-k:] == reply[:k]:
+                    return k, reply[k:]
+        return None
 
     def _token_reply(self, prompt: list[int]) -> list[int]:
         replies = self.script.token_replies

@@ -71,7 +71,7 @@ import msgspec
 
 from workers.policy.stub.engine import Engine, Seq
 from workers.policy.stub.generate import Generation, Timed
-from workers.policy.stub.model import DISTS, PICKS, Options, Script, State
+from workers.policy.stub.model import CONTINUED, DISTS, PICKS, Options, Script, State
 
 _json = msgspec.json
 _REASONS = {
@@ -207,10 +207,14 @@ class HttpProtocol(asyncio.Protocol):
         completion = path == "/v1/completions"
         stream = completion and request.get("stream") is True
         usage = stream and bool((request.get("stream_options") or {}).get("include_usage"))
+        done = reply.pop(CONTINUED, 0)
         if completion and st.o.engine:
             return Seq(self, rid, reply, stream, usage, self.engine)
         n = len(reply["choices"][0]["logprobs"]["tokens"]) if completion else 0
-        total = st.delay() if st.o.per_token_s is None or not completion else st.o.per_token_s * n
+        if st.o.per_token_s is not None and completion:
+            total = st.o.per_token_s * n
+        else:  # a continuation takes the rest of a drawn latency, as its own tokens' share
+            total = st.delay() * (n / (n + done) if done else 1.0)
         return Timed(self, rid, reply, stream, usage, st.prefill_s(reply), total)
 
     # -- what a Generation answers through -------------------------------------------------------
