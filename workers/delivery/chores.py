@@ -12,7 +12,7 @@ import os
 import resource
 import socket
 import time
-from typing import Any, Coroutine, Optional, TypeVar
+from typing import Any, Coroutine, TypeVar
 
 import farm
 from farm.errors import ConfigError, FarmError, RedisAuthError, RedisUnavailable, TransportError
@@ -250,11 +250,11 @@ async def maintain(worker: Any) -> None:
             pass
 
 
-def log_stop(left: int, handed_back: int, s: Settings, fatal: Optional[BaseException]) -> None:
+def log_stop(left: int, handed_back: int, s: Settings, signalled: bool) -> None:
     """The one line that says how a signalled stop ended, and with it the worker's exit status (`farm
     worker`): 0 when nothing was left pending, 3 when tasks stay pending for another worker to reclaim.
-    A worker stopped by a Redis error said so already, and exits with that error's status."""
-    if fatal is not None:
+    A worker that stopped on an error of its own said so already, and exits with that error's status."""
+    if not signalled:
         if left:
             log.info("%d tasks left pending, reclaimed after visibility_timeout_s (%gs)", left, s.visibility_timeout_s)
     elif left:

@@ -344,7 +344,8 @@ class Worker:
         elif released:
             log.info("handed %d unfinished tasks back to the group", released)
             self.counters["handed_back"] += released
-        log_stop(self.counters["left_for_reclaim"], self.counters["handed_back"], self.settings, self._fatal)
+        signalled = self._signalled and self._fatal is None
+        log_stop(self.counters["left_for_reclaim"], self.counters["handed_back"], self.settings, signalled)
 
     async def _wait_force(self) -> None:
         while not self._force:
