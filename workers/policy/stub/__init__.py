@@ -10,6 +10,10 @@ demand), never the transport the clients under test use.
   replies, faults, prefill), as the command line and POST /control set them;
 - `prefix`: `PrefixCache`, a replica's prefix cache as vLLM's automatic prefix caching keeps it,
   which decides how many prompt tokens a completion is charged prefill time for;
+- `generate`: a request answered token by token, streamed in vLLM's event shape or whole, and
+  the tokens an aborted one had generated;
+- `engine`: the engine mode, continuous batching with a KV capacity and recompute preemption,
+  whose gauges /metrics reports by vLLM's names;
 - `process`: `StubProcess`, the server in a child process, restartable on one port;
 - `weather`: the `single_tool_call` scenario (a tool call for the weather in Paris, then an
   answer) as a Script and rows that earn reward 1.
