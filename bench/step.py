@@ -10,12 +10,19 @@ prints, side by side in one run:
   reference   oversample 1.0: every step waits for all B groups;
   oversample  oversample 1.25 (--oversample): ceil(1.25 B) groups submitted, the first B clean
               ones trained on, the rest cancelled;
-  dynamic     oversample 1.25 + drop_zero_variance_groups: all-equal groups replaced too.
+  dynamic     oversample 1.25 + drop_zero_variance_groups: all-equal groups replaced too;
+  partial     oversample 1.25 + partial_rollouts: the groups not taken are interrupted, keeping
+              what they generated, and resumed as the next step's extra groups.
 
-The steps of the three alternate (reference, oversample, dynamic, reference, ...), so a change
-of load on the machine reaches all three alike. For each: median and p90 of
+The steps of the four alternate (reference, oversample, dynamic, partial, reference, ...), so a
+change of load on the machine reaches all alike. For each: median and p90 of
 `farm/batch_wall_s`, groups cancelled per step, zero-variance groups dropped per step,
-cancelled and failed rollouts in the trainer's batch; the ratio of the medians.
+cancelled and failed rollouts in the trainer's batch; the ratio of the medians; and the tokens:
+generated (the stub's own count of the tokens it produced during the config's steps, those of
+cancelled and interrupted requests included: the stub generates token by token, streamed to the
+workers, which run with policy_stream), trained (sampled tokens in the batches), discarded
+(generated, neither trained nor carried by the last step's interrupted groups), generated per
+trained token, and the resumed rollouts per step and their age in policy versions.
 
 The policy stub picks each answer at random (--call-weight 0.75: the weather tool call, else a
 bare answer), so `single_tool_call` rewards are 1 (the tool was called for Paris) or 0, varied
@@ -27,7 +34,8 @@ fixed 60 s, `await client.cancel_run(run_id)`, and from the stub's /aborts the p
 task came back `cancelled`.
 
 Targets: median step >= 1.3x faster with 1.25x over-sampling; cancel p99 <= 200 ms; 0
-cancelled or failed rollouts in the trainer's batch.
+cancelled or failed rollouts in the trainer's batch; partial rollouts discard >= 90% fewer
+generated tokens than cancelling, at no worse a median step.
 
     python bench/step.py [--groups 32] [--generations 8] [--steps 20] [--latency 0.15] [--quick]
 
@@ -63,7 +71,7 @@ from workers.policy.stub import StubProcess, weather_rows, weather_script  # noq
 from workers.supervise.stack import policy_env  # noqa: E402
 
 AGENT = "single_tool_call"
-TARGETS = {"speedup": 1.3, "cancel_p99_ms": 200.0, "bad_in_batch": 0}
+TARGETS = {"speedup": 1.3, "cancel_p99_ms": 200.0, "bad_in_batch": 0, "partial_fewer_discarded": 0.9}
 
 
 @dataclass
@@ -71,6 +79,7 @@ class Config:
     name: str
     oversample: float
     drop_zero_variance_groups: bool
+    partial: bool = False  # interrupt the groups not taken and resume them next step (partial_rollouts)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -90,8 +99,12 @@ def training_rows(n: int) -> list[dict]:
 
 
 # -- the steps -----------------------------------------------------------------------------------
-def run_steps(settings: Settings, tokenizer, configs: list[Config], args: argparse.Namespace) -> dict[str, list]:
-    """args.steps steps of each config, alternating; per config, each step's metrics."""
+def run_steps(
+    settings: Settings, tokenizer, configs: list[Config], args: argparse.Namespace, stub: StubProcess
+) -> dict[str, list]:
+    """args.steps steps of each config, alternating; per config, each step's metrics, with the
+    tokens the stub generated during the step (cancelled and interrupted requests' included) and
+    the tokens the batch trains on; a partial config's last step also says what it carries."""
     rows = training_rows(max(4 * args.groups, 256))
     trainers = {
         c.name: FarmRollout(
@@ -104,6 +117,7 @@ def run_steps(settings: Settings, tokenizer, configs: list[Config], args: argpar
             max_refills=args.max_refills,
             spare_rows=rows,
             timeout_s=args.step_timeout,
+            partial_rollouts=c.partial,
         )
         for c in configs
     }
@@ -114,9 +128,13 @@ def run_steps(settings: Settings, tokenizer, configs: list[Config], args: argpar
             prompts = prompts_of(rows, step + 1, args)  # the same prompts for every config
             for c in configs:
                 t0 = time.perf_counter()
+                generated = stub.stats()["tokens_generated"]
                 batch = trainers[c.name].generate(prompts)
                 m = dict(batch.metrics, generate_s=time.perf_counter() - t0)
                 m["bad_in_batch"] = float(sum(not r.ok for r in batch.rollouts))
+                m["generated_tokens"] = float(stub.stats()["tokens_generated"] - generated)
+                m["trained_tokens"] = float(sum(sum(x.env_mask) for x in batch.samples if x.reward is not None))
+                m["carried_tokens"] = float(m.get("farm/tokens/carried", 0.0))
                 out[c.name].append(m)
                 print(
                     f"  step {step + 1:>3} {c.name:<10} {m['farm/batch_wall_s']:6.2f}s  "
@@ -139,6 +157,10 @@ def prompts_of(rows: list[dict], step: int, args: argparse.Namespace) -> list[st
 
 def summarize(steps: list[dict]) -> dict:
     wall = [m["farm/batch_wall_s"] for m in steps]
+    generated = sum(m["generated_tokens"] for m in steps)
+    trained = sum(m["trained_tokens"] for m in steps)
+    carried = steps[-1]["carried_tokens"] if steps else 0.0  # held for a next step that never comes
+    resumed = [m["farm/partial/resumed_age/mean"] for m in steps if m.get("farm/partial/resumed_in_batch")]
 
     def per_step(key: str) -> float:
         return statistics.mean(m.get(key, 0.0) for m in steps)
@@ -155,6 +177,13 @@ def summarize(steps: list[dict]) -> dict:
         "failed_in_batch": sum(m.get("farm/failed", 0.0) for m in steps),
         "not_ok_in_batch": sum(m["bad_in_batch"] for m in steps),
         "mean_reward": statistics.mean(m.get(f"farm/reward/{AGENT}/mean", float("nan")) for m in steps),
+        "generated_tokens": generated,
+        "trained_tokens": trained,
+        "carried_tokens": carried,
+        "discarded_tokens": generated - trained - carried,
+        "generated_per_trained": generated / trained if trained else float("nan"),
+        "resumed_per_step": sum(m.get("farm/partial/resumed_in_batch", 0.0) for m in steps) / max(1, len(steps)),
+        "resumed_age_mean": statistics.mean(resumed) if resumed else 0.0,
     }
 
 
@@ -219,6 +248,19 @@ def report(setup: dict, results: dict, cancel: Optional[dict], path: Path) -> No
             f"{'%.0f / %.0f' % (r['cancelled_in_batch'], r['failed_in_batch']):>26}"
         )
     print("cancelled, zv dropped, refills: groups per step; run s: mean time a cancelled group had run")
+    print()
+    head = ("config", "generated", "trained", "carried", "discarded", "gen/trained", "resumed/step", "age")
+    print("{:<11} {:>10} {:>9} {:>8} {:>10} {:>12} {:>13} {:>5}".format(*head))
+    for name, r in results.items():
+        print(
+            f"{name:<11} {r['generated_tokens']:>10.0f} {r['trained_tokens']:>9.0f} {r['carried_tokens']:>8.0f} "
+            f"{r['discarded_tokens']:>10.0f} "
+            f"{r['generated_per_trained']:>12.2f} {r['resumed_per_step']:>13.1f} {r['resumed_age_mean']:>5.1f}"
+        )
+    print(
+        "tokens over the run: generated is the stub's count (cancelled and interrupted requests included); "
+        "carried: held by the last step's interrupted groups; discarded = generated - trained - carried"
+    )
     bad = sum(r["not_ok_in_batch"] for r in results.values())
     lines = [
         (
@@ -229,6 +271,23 @@ def report(setup: dict, results: dict, cancel: Optional[dict], path: Path) -> No
         ),
         ("cancelled or failed rollouts in the trainer's batch", f"{bad:.0f}", "0", bad == 0),
     ]
+    if "partial" in results:
+        part = results["partial"]
+        fewer = 1 - part["discarded_tokens"] / over["discarded_tokens"] if over["discarded_tokens"] else float("nan")
+        lines += [
+            (
+                "discarded tokens, partial vs oversample (cancel): fewer by",
+                f"{100 * fewer:.0f}%",
+                f">= {100 * TARGETS['partial_fewer_discarded']:.0f}%",
+                fewer >= TARGETS["partial_fewer_discarded"],
+            ),
+            (
+                "median step, partial / oversample",
+                f"{part['median_s'] / over['median_s']:.2f}x",
+                "<= 1.00x",
+                part["median_s"] <= over["median_s"],
+            ),
+        ]
     if cancel:
         lines += [
             (
@@ -285,6 +344,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> int:
         Config("reference", 1.0, False),
         Config("oversample", args.oversample, False),
         Config("dynamic", args.oversample, True),
+        Config("partial", args.oversample, False, partial=True),
     ]
     setup = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -314,13 +374,14 @@ async def run(args: argparse.Namespace, tmp: Path) -> int:
             tmp,
             "step",
             **policy_env(stub.url, "stub", model_dir),
+            FARM_POLICY_STREAM="1",  # every config: a turn interrupted midway keeps its ids (partial)
         ) as pool:
             client = FarmClient(settings)
             try:
                 await pool.ready(client, timeout_s=120.0)
             finally:
                 await client.aclose()
-            steps = await asyncio.to_thread(run_steps, settings, tok.tok, configs, args)
+            steps = await asyncio.to_thread(run_steps, settings, tok.tok, configs, args, stub)
             pool.check()
             cancel = None
             if args.cancel_rollouts:
