@@ -110,8 +110,10 @@ def _post_raw(port: int, body: dict) -> socket.socket:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-async def test_an_abort_mid_generation_counts_the_tokens_generated_by_then(stub, stream):
-    s = stub(latency_s=1.0)  # 20 tokens over 1 s: one every 50 ms
+@pytest.mark.parametrize("engine", [False, True])
+async def test_an_abort_mid_generation_counts_the_tokens_generated_by_then(stub, stream, engine):
+    # 20 tokens over 1 s: one every 50 ms (the latency drawn, spread; or 50 ms decode steps)
+    s = stub(latency_s=1.0, engine=engine, step_s=0.05, step_s_per_seq=0.0)
     sock = _post_raw(s.port, {**BODY, "stream": stream})
     await asyncio.sleep(0.5)
     sock.close()
@@ -125,6 +127,15 @@ async def test_an_abort_mid_generation_counts_the_tokens_generated_by_then(stub,
         assert stats["tokens_delivered"] == 0  # generated, never delivered: the waste partial rollouts keep
     await asyncio.sleep(0.5)
     assert s.stats()["tokens_generated"] == stats["tokens_generated"]  # its clock stopped
+    if engine:
+        assert s.stats()["engine"] | {"steps": 0} == {
+            "running": 0,
+            "waiting": 0,
+            "kv_tokens": 0,
+            "kv_cache_usage": 0.0,
+            "preemptions": 0,
+            "steps": 0,
+        }  # its KV freed
 
 
 async def test_the_engine_preempts_when_the_kv_cache_is_full_and_metrics_say_so(tmp_path):
