@@ -7,6 +7,7 @@ workers.loops.noop) import only this, and the registry imports them: no import c
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, runtime_checkable
 
@@ -27,10 +28,15 @@ class AgentContext:
 
     def __post_init__(self) -> None:
         """The worker makes one context per process: its judges (`judges:` in the settings) are the
-        ones `ctx.judge` asks in every verifier of the process."""
-        from workers.policy.judges import install
+        ones `ctx.judge` asks in every verifier of the process. Imported only when there are some:
+        the pool needs the policy extra's HTTP clients, which a core install (noop workers) has not."""
+        settings = self.settings if isinstance(self.settings, Settings) else None
+        if settings is not None and settings.judges:
+            from workers.policy.judges import install
 
-        install(self.settings if isinstance(self.settings, Settings) else None)
+            install(settings)
+        elif "workers.policy.judges" in sys.modules:  # an earlier context's judges are not this one's
+            sys.modules["workers.policy.judges"].install(settings)
 
 
 @runtime_checkable
