@@ -138,6 +138,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # chat / responses: any OpenAI-compatible server through the openai client (text only, not trainable).
     policy_kind: Literal["tokens", "chat", "responses"] = "tokens"
     policy_stream: bool = False  # tokens backend: stream completions, so an interrupted rollout keeps its tokens
+    policy_adaptive_load: bool = False  # hold each replica's in-flight requests where its throughput peaks
+    policy_load_poll_s: float = 0.5  # how often each replica's /metrics is read while requests are in flight
+    policy_load_floor: int = 4  # a replica's in-flight limit never drops below this
+    policy_load_kv_high: float = 0.9  # no growth while a replica's KV cache is this full
     policy_api_key: Optional[str] = None  # file or FARM_POLICY_API_KEY; OPENAI_API_KEY for chat/responses
     dashboard_token: Optional[str] = (
         None  # FARM_DASHBOARD_TOKEN or `farm dashboard --token-file`: enables requeue/purge
@@ -177,6 +181,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "redis_wait_timeout_ms",
             "stop_settle_timeout_s",
             "policy_timeout_s",
+            "policy_load_poll_s",
+            "policy_load_floor",
             "policy_retry_budget_s",
             "restart_max",
             "restart_window_s",
@@ -202,6 +208,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("redis_wait_replicas must be >= 0 (0: no WAIT)")
         if self.policy_max_retries < 0:
             raise ValueError("policy_max_retries must be >= 0")
+        if not 0 < self.policy_load_kv_high <= 1:
+            raise ValueError(f"policy_load_kv_high must be in (0, 1], got {self.policy_load_kv_high}")
         if self.policy_spill_ratio < 1:
             raise ValueError(f"policy_spill_ratio must be >= 1, got {self.policy_spill_ratio}")
         for name in self.policy_route_headers:

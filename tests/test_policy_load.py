@@ -185,3 +185,16 @@ async def test_a_real_stub_that_preempts_gets_a_lower_limit_and_an_idle_one_keep
             else:
                 assert roomy.stats()["engine"]["preemptions"] == 0
                 assert cuts == 0 and cap == 32
+
+
+def test_the_workers_settings_turn_adaptive_load_on_and_bad_values_are_refused():
+    from farm.settings import Settings, load_settings
+    from workers.policy.config import PolicyConfig
+
+    s = load_settings(env={"FARM_POLICY_ADAPTIVE_LOAD": "1", "FARM_POLICY_LOAD_FLOOR": "2"})
+    c = PolicyConfig.from_settings(s)
+    assert (c.adaptive_load, c.load_floor, c.load_poll_s, c.load_kv_high) == (True, 2, 0.5, 0.9)
+    assert PolicyConfig.from_settings(Settings()).adaptive_load is False
+    for bad in ({"policy_load_kv_high": 1.5}, {"policy_load_floor": 0}, {"policy_load_poll_s": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            Settings(**bad)

@@ -52,9 +52,9 @@ class PolicyConfig:
             routing=settings.policy_routing,
             spill_ratio=settings.policy_spill_ratio,
             route_headers=dict(settings.policy_route_headers),
-            adaptive_load=getattr(settings, "policy_adaptive_load", False),
-            load_poll_s=getattr(settings, "policy_load_poll_s", 0.5),
-            load_floor=getattr(settings, "policy_load_floor", 4),
-            load_kv_high=getattr(settings, "policy_load_kv_high", 0.9),
+            adaptive_load=settings.policy_adaptive_load,
+            load_poll_s=settings.policy_load_poll_s,
+            load_floor=settings.policy_load_floor,
+            load_kv_high=settings.policy_load_kv_high,
             stream=settings.policy_stream,
         )

@@ -161,7 +161,9 @@ class PolicyClient:
 
     async def max_model_len(self, session: Session) -> Optional[int]:
         """The replica's context length, looked up once per replica and shared by every loop."""
-        replica = session.replica or self.rotation.pick(session)
+        # Replicas serve one model: with none placed yet (all at their in-flight limit, adaptive
+        # load), any replica's length caps this turn as well.
+        replica = session.replica or self.rotation.pick(session) or (self.replicas[0] if self.replicas else None)
         if replica is None:
             return None
         fut = self._model_len.get(replica.url)
