@@ -12,7 +12,7 @@ import asyncio
 
 import msgspec
 import pytest
-from helpers.policies import StreamingScript, hermes
+from helpers.policies import StreamingScript, Versions, hermes
 
 from envs.session_state import SessionState
 from farm import schema
@@ -31,19 +31,6 @@ SCRIPT = [
     hermes("increment_counter", {"count": 2}),
     "The count is 6.",
 ]
-
-
-class Versions:
-    """The served policy version as the worker's watch reports it."""
-
-    def __init__(self, live):
-        self.live = live
-
-    def mark(self):
-        return None
-
-    def span(self, mark):
-        return self.live, None
 
 
 def ctx(live: int) -> AgentContext:

@@ -8,6 +8,7 @@ import asyncio
 
 import msgspec
 import pytest
+from helpers.policies import Versions
 
 from envs.sdk import AgentSettings
 from envs.session_state import SessionState
@@ -33,17 +34,6 @@ class Watched(PolicyClient):
     async def complete(self, prompt_ids, sampling, session, sink=None):
         self.sink = sink
         return await super().complete(prompt_ids, sampling, session, sink=sink)
-
-
-class Versions:
-    def __init__(self, live):
-        self.live = live
-
-    def mark(self):
-        return None
-
-    def span(self, mark):
-        return self.live, None
 
 
 def loop(vllm, tokenizer):

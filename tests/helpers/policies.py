@@ -68,6 +68,19 @@ class StreamingScript:
         return None
 
 
+class Versions:
+    """The served policy version as a worker's PolicyVersions watch reports it (`live`)."""
+
+    def __init__(self, live):
+        self.live = live
+
+    def mark(self):
+        return None
+
+    def span(self, mark):
+        return self.live, None
+
+
 def hermes(name: str, arguments: dict | None = None) -> str:
     """A tool call as SmolLM2's (Hermes-style) chat template has the model write it."""
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments or {}})}</tool_call>"
