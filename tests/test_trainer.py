@@ -192,6 +192,33 @@ def test_config_accepts_the_reference_keys_and_the_farm_section(tmp_path):
         grpo_args(cfg, output_dir=str(tmp_path / "out"))
 
 
+def test_embedded_workers_stream_when_the_run_keeps_partial_rollouts(tmp_path, monkeypatch):
+    """`farm train --embedded` with partial_rollouts starts its workers with policy_stream, so an
+    interrupted turn keeps its tokens; without it, the workers' own settings decide."""
+    import contextlib
+
+    from farm.settings import Settings
+    from trainer import launch
+    from trainer.config import TrainConfig
+    from workers.supervise import stack
+
+    seen = []
+
+    @contextlib.contextmanager
+    def local_stack(settings, pools, policy, env, log_prefix):
+        seen.append(env)
+        yield type("Started", (), {"settings": settings})()
+
+    monkeypatch.setattr(stack, "LocalStack", local_stack)
+    monkeypatch.setattr(launch, "served_model", lambda cfg: "m")
+    base = dict(model_name="m", dataset_path=str(tmp_path / "rows.jsonl"), output_dir=str(tmp_path))
+    for partial in (True, False):
+        cfg = TrainConfig(**base, partial_rollouts=partial)
+        with launch.embedded_farm(Settings(), cfg, ["noop"], launch.Embedded()):
+            pass
+    assert seen == [{"FARM_POLICY_STREAM": "1"}, {}]
+
+
 def test_example_configs_load():
     from pathlib import Path
 

@@ -64,6 +64,8 @@ def embedded_farm(settings: Settings, cfg: TrainConfig, agents: list[str], spec:
     serve = ServePolicy(model=served_model(cfg), log_name="vllm-train.log", weight_sync=True)
     pools = [Pool(agent, spec.processes, spec.concurrency) for agent in agents]
     env = {"FARM_CONFIG": str(Path(spec.config).resolve())} if spec.config else {}
+    if cfg.partial_rollouts:  # the workers stream, so a turn an interrupt cuts keeps its tokens
+        env["FARM_POLICY_STREAM"] = "1"
     with LocalStack(settings, pools, policy=serve, env=env, log_prefix="train-worker") as stack:
         yield stack.settings
 
