@@ -32,13 +32,22 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import aiohttp
 
 if TYPE_CHECKING:
     from workers.policy.config import PolicyConfig
-    from workers.policy.rotation import Replica
+
+
+class Replica(Protocol):
+    """What the monitor reads and sets of a rotation's replica (workers.policy.rotation.Replica,
+    which imports this module: a protocol here, not an import back)."""
+
+    url: str
+    outstanding: int
+    cap: Optional[int]
+
 
 log = logging.getLogger("farm.policy")
 

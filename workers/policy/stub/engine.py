@@ -24,11 +24,10 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING, Optional
 
-from workers.policy.stub.generate import Generation
+from workers.policy.stub.generate import Generation, HttpProtocol
 
 if TYPE_CHECKING:
     from workers.policy.stub.model import State
-    from workers.policy.stub.server import HttpProtocol
 
 
 class Seq(Generation):

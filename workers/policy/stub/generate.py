@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import msgspec
-
-if TYPE_CHECKING:
-    from workers.policy.stub.server import HttpProtocol
 
 _encode = msgspec.json.Encoder().encode
 STREAM_HEAD = (
@@ -36,6 +33,19 @@ STREAM_HEAD = (
 )
 _DONE = b"data: [DONE]\n\n"
 _LAST_CHUNK = b"0\r\n\r\n"
+
+
+class HttpProtocol(Protocol):
+    """The connection a Generation answers through (workers.policy.stub.server.HttpProtocol, which
+    imports this module: a protocol here, not an import back)."""
+
+    state: Any
+
+    def write(self, data: bytes) -> None: ...
+
+    def send(self, status: int, payload: Any) -> None: ...
+
+    def finished(self, rid: int) -> None: ...
 
 
 def chunk(data: bytes) -> bytes:

@@ -42,6 +42,7 @@ DISTS = ("fixed", "uniform", "lognormal")
 PICKS = ("scripted", "random")
 MAX_ABORTS = 100_000
 CONTINUED = "stub_continued"  # a completion's reply: how many of its ids the prompt already held
+CONTINUE_MIN = 4  # a prompt ending with this many of a reply's first ids continues that reply
 
 
 class Script(msgspec.Struct, kw_only=True):
@@ -191,11 +192,12 @@ class State:
         }
 
     def _continued(self, prompt: list[int]) -> Optional[tuple[int, list[int]]]:
-        """(k, the rest) when the prompt ends with the first k >= 2 ids of a token reply, as the
-        prompt of a continuation does (an interrupted rollout's ids sent back): the model goes on
-        with the same reply, as a greedy model would, instead of starting a new one."""
+        """(k, the rest) when the prompt ends with the first k >= CONTINUE_MIN ids of a token reply,
+        as the prompt of a continuation does (an interrupted rollout's ids sent back): the model
+        goes on with the same reply, as a greedy model would, instead of starting a new one. Fewer
+        ids than that start a new reply, so a prompt that merely ends like a reply is not taken."""
         for reply in self.script.token_replies:
-            for k in range(min(len(reply) - 1, len(prompt)), 1, -1):
+            for k in range(min(len(reply) - 1, len(prompt)), CONTINUE_MIN - 1, -1):
                 if prompt[-k:] == reply[:k]:
                     return k, reply[k:]
         return None
