@@ -8,7 +8,7 @@ until all of its `num_repeats` have been seen.
 Definitions (per agent, over the rows' repeats):
 - mean reward: over answered rollouts (ok, truncated); a failed rollout has no reward, it is
   counted under `failures` by kind, never as a 0.
-- cancelled: rollouts of tasks a client cancelled. Not answers and not failures (the model and
+- cancelled: rollouts of tasks a client cancelled or interrupted. Not answers and not failures (the model and
   the farm did nothing wrong): counted apart, left out of the reward, the latency and the row
   rates; a row whose samples were all cancelled is not rated at all.
 - pass@k: the share of rows where at least one of the k samples passes (reward >=
@@ -33,6 +33,7 @@ from typing import Any, Iterable, Optional
 from producer.output import read_records
 
 ANSWERED = ("ok", "truncated")  # the statuses that carry an answer (and maybe a reward)
+STOPPED = ("cancelled", "interrupted")  # a client stopped it: counted as cancelled, never a failure
 
 
 def answer_of(rollout: dict) -> str:
@@ -84,7 +85,7 @@ class AgentStats:
             if r.get("reward") is not None:
                 self.reward_sum += float(r["reward"])
                 self.rewarded += 1
-        elif status == "cancelled":
+        elif status in STOPPED:
             self.cancelled += 1
         else:
             self.failures[(r.get("error") or {}).get("kind", "unknown")] += 1
@@ -101,7 +102,7 @@ class AgentStats:
     def add_group(self, samples: list[dict], k: int, threshold: float) -> None:
         """One row's samples (any order, failed and cancelled ones included)."""
         self.repeats[k] += 1
-        if all(s["rollout"]["status"] == "cancelled" for s in samples):
+        if all(s["rollout"]["status"] in STOPPED for s in samples):
             return  # no sample was let run to an answer or a failure: nothing to rate
         self.rows += 1
         samples = sorted(samples, key=lambda rec: rec["repeat_index"])

@@ -169,6 +169,10 @@ def test_pass_and_majority_at_k_from_known_rewards():
     assert m["failures"] == {"verifier": 1, "timeout": 1} and m["failed"] == 2
     assert m["mean_reward"] == pytest.approx(6 / 14)
     assert m["latency_p50_s"] == 3.0 and m["latency_p99_s"] == 4.0
+    # A row whose samples a client interrupted counts them as cancelled, not as failures, and is not rated.
+    stopped = [rec(4, i, None, None, "interrupted") for i in range(4)]
+    m = aggregate(records + stopped)["math"]
+    assert m["rows"] == 4 and m["failed"] == 2 and m["cancelled"] == 4 and "unknown" not in m["failures"]
 
 
 def test_malformed_lines_reported_with_line_numbers(tmp_path, settings, sync_redis, worker):
