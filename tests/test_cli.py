@@ -757,6 +757,9 @@ def test_ctrl_c_while_a_command_starts_says_so_in_one_line_and_exits_130(tmp_pat
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        # A terminal's Ctrl-C: Python turns SIGINT into KeyboardInterrupt only when it did not start
+        # with SIGINT ignored, as it is under a job started in the background by a non-interactive shell.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)

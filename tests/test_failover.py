@@ -43,7 +43,10 @@ def _wait_until(pred, timeout: float) -> None:
 
 @pytest.mark.parametrize("wait_replicas", [0, 1], ids=["no-wait", "wait-1"])
 def test_two_failovers_mid_run_lose_no_task(tmp_path, namespace, wait_replicas):
-    cluster = SentinelCluster(tmp_path / "redis").start()
+    # Sentinel's down-after at 3 s, not 1 s: a master slowed past it by a busy machine (a CI host
+    # running other jobs) would be failed over a third time, unasked, and what its replica had not
+    # yet received, with no second replica to WAIT for, would be lost with it.
+    cluster = SentinelCluster(tmp_path / "redis", down_after_ms=3000).start()
     knobs = dict(redis_down_max_s=60.0, redis_wait_replicas=wait_replicas)
     settings = make_settings(cluster.url, namespace, **knobs)
     env = {f"FARM_{k.upper()}": str(v) for k, v in {**FAST, **knobs}.items()}
