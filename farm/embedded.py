@@ -239,14 +239,22 @@ def ensure_redis(settings: Settings) -> Iterator[Settings]:
         server.stop()
 
 
-def run_in_foreground(server, banner: str, what: str, log_path) -> int:
-    """Keep a started server child (`.proc`, `.stop()`) until SIGINT/SIGTERM or until it exits.
-
-    Used by `farm redis` and `farm policy serve`; returns the command's exit status.
-    """
+def stop_signals() -> threading.Event:
+    """An event SIGINT and SIGTERM set from now on: installed before a server starts, so a stop
+    that comes while it starts (it may already answer) is kept, not fatal to the command."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def run_in_foreground(server, banner: str, what: str, log_path, stop: Optional[threading.Event] = None) -> int:
+    """Keep a started server child (`.proc`, `.stop()`) until SIGINT/SIGTERM or until it exits.
+
+    Used by `farm redis` and `farm policy serve`; returns the command's exit status. `stop`: the
+    event of `stop_signals()` when they were installed before the server started.
+    """
+    stop = stop or stop_signals()
     print(banner, flush=True)
     try:
         while not stop.is_set() and server.proc.poll() is None:

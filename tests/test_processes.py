@@ -241,6 +241,40 @@ def test_farm_redis_runs_in_the_foreground_with_aof(tmp_path):
     assert any(p.name.startswith("farm.aof") for p in (tmp_path / "redis").iterdir())
 
 
+def test_farm_redis_stopped_while_it_starts_stops_its_server_and_exits_0(tmp_path):
+    """A SIGTERM that comes while `farm redis` starts its server (an orchestrator's stop, or a test
+    that stops it as soon as it answers) stops the server and exits 0; it killed the command before."""
+    import signal
+
+    from farm.embedded import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "farm", "redis", "--port", str(port), "--data-dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def server_child():
+        try:
+            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        except OSError:
+            return None
+        return next((int(k) for k in kids if b"redis-server" in Path(f"/proc/{k}/cmdline").read_bytes()), None)
+
+    try:
+        child = wait_for(server_child, timeout=30, every=0.001, what="the redis-server child")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    wait_for(lambda: not Path(f"/proc/{child}").exists(), timeout=10, what="the redis-server gone")
+
+
 def test_farm_redis_takes_its_password_from_a_file_and_keeps_secrets_off_argv_and_disk(tmp_path):
     """The password never reaches a command line (any process can read those), logs or the banner;
     data, AOF, config and log are the farm's alone (0600 in a 0700 directory)."""

@@ -30,11 +30,12 @@ from farm.settings import load_settings
 @pass_globals
 def redis(g: Globals, port, bind, data_dir, password_file, appendfsync) -> int:
     """Run an embedded Redis (AOF persistence) in the foreground."""
-    from farm.embedded import EmbeddedRedis, run_in_foreground
+    from farm.embedded import EmbeddedRedis, run_in_foreground, stop_signals
     from farm.settings import read_password
     from farm.transport import redact
 
     s = g.settings(data_dir=data_dir, embedded_port=port)
+    stop = stop_signals()  # before the server answers: a SIGTERM then stops it cleanly
     server = EmbeddedRedis(
         s.data_path / "redis",
         port=s.embedded_port,
@@ -43,7 +44,7 @@ def redis(g: Globals, port, bind, data_dir, password_file, appendfsync) -> int:
         appendfsync=appendfsync,
     ).start()
     banner = f"redis listening: {redact(server.url)}  (data: {server.data_dir})"
-    return run_in_foreground(server, banner, "redis-server", server.data_dir / "redis.log")
+    return run_in_foreground(server, banner, "redis-server", server.data_dir / "redis.log", stop)
 
 
 @cli.command(
