@@ -98,9 +98,9 @@ async def test_a_run_interrupt_stops_its_running_and_queued_tasks_and_spares_lat
         assert {r.status for r in got.values()} == {Status.interrupted}
         assert got[running.task_id].partial.open_turn == 3
         assert not got[queued.task_id].partial.trace.prompt_ids, "queued: nothing generated"
+        policy.turn, policy.pause_at = 0, None  # before the resume: the worker may start it at once
         [fresh] = await client.resume([got[queued.task_id]])
         assert fresh.resume is None and fresh.row == ROW, "a task that never started resumes as a fresh one"
-        policy.turn, policy.pause_at = 0, None
         final = (await client.collect([fresh], timeout_s=20))[fresh.task_id]
         assert final.status is Status.ok, "a task submitted after the run's interrupt runs"
     await client.aclose()
