@@ -215,19 +215,24 @@ def test_demo_runs_end_to_end(settings):
     assert "rollouts_per_s" in proc.stdout and "300" in proc.stdout
 
 
+def farm_redis(port: int, data_dir) -> subprocess.Popen:
+    """`farm redis` in the foreground on `port`, its output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "farm", "redis", "--port", str(port), "--data-dir", str(data_dir)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def test_farm_redis_runs_in_the_foreground_with_aof(tmp_path):
     import redis as redis_lib
 
     from farm.embedded import free_port
 
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "farm", "redis", "--port", str(port), "--data-dir", str(tmp_path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = farm_redis(port, tmp_path)
     try:
         r = redis_lib.Redis(port=port)
         wait_for(lambda: _ping(r), what="farm redis to answer")
@@ -249,13 +254,7 @@ def test_farm_redis_stopped_while_it_starts_stops_its_server_and_exits_0(tmp_pat
     from farm.embedded import free_port
 
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "farm", "redis", "--port", str(port), "--data-dir", str(tmp_path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = farm_redis(port, tmp_path)
 
     def server_child():
         try:
