@@ -244,15 +244,7 @@ class FarmClient:
         once (its model request closed, its verifier killed); each ends in one `cancelled` rollout
         on its run's result stream. Ids that are unknown or already settled, and ids already cancelled
         (within cancel_ttl_s), are reported, not an error."""
-        ids = cancel.task_ids(tasks)
-        if not ids:
-            return CancelReport()
-        states = await self.outage.call(
-            lambda: cancel.send(self.r, self.keys, ids, self.settings.cancel_ttl_s), "sending cancels"
-        )
-        report = CancelReport()
-        for tid, state in zip(ids, states):
-            getattr(report, state).append(tid)
+        report = await self._signal(tasks, interrupt=False)
         log.debug("cancel: %s", report.line())
         return report
 
@@ -261,12 +253,16 @@ class FarmClient:
         `interrupted` rollout that holds what it generated so far (`Rollout.partial`: every token
         with its logprob and policy version; kept mid-turn with `policy_stream`), for `resume`;
         a queued one ends `interrupted` without running. Reported like a cancel."""
+        return await self._signal(tasks, interrupt=True)
+
+    async def _signal(self, tasks: Iterable[Task | str], *, interrupt: bool) -> CancelReport:
+        """Send a cancel (or an interrupt) of these tasks; what it found of each, as a report."""
         ids = cancel.task_ids(tasks)
         if not ids:
             return CancelReport()
         states = await self.outage.call(
-            lambda: cancel.send(self.r, self.keys, ids, self.settings.cancel_ttl_s, interrupt=True),
-            "sending interrupts",
+            lambda: cancel.send(self.r, self.keys, ids, self.settings.cancel_ttl_s, interrupt=interrupt),
+            "sending interrupts" if interrupt else "sending cancels",
         )
         report = CancelReport()
         for tid, state in zip(ids, states):
