@@ -1,0 +1,7 @@
+#!/bin/bash
+# Verifier: reward 1 when every check below holds, else 0 (a missing file fails the check).
+mkdir -p /logs/verifier
+reward() { echo "$1" > /logs/verifier/reward.txt; exit 0; }
+cd /app || reward 0
+[ "$(tr -d ' \n' < answer.txt)" = "13" ] || reward 0
+reward 1
