@@ -1,0 +1,3 @@
+def slugify(text):
+    """Lower case, words joined by dashes."""
+    return "-".join(text.lower().split())
