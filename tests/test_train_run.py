@@ -386,19 +386,63 @@ def test_the_async_adapter_stops_with_nothing_of_its_run_left(settings, noop_wor
 # -- the docs' own-script page --------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_the_docs_script_runs_as_written(tmp_path, settings, noop_worker, weights_server, small_model):
-    """docs/train-your-own-script.md's script, cut out verbatim: two GRPO steps on the noop agent,
-    the start weights and each step's pushed to the (recording) policy server."""
+def _page_command(text: str, script: str) -> tuple[dict[str, str], list[str]]:
+    """The page's bash command that runs `script`: (the variables it sets, its words after them)."""
     import re
+    import shlex
 
+    blocks = [b.replace("\\\n", " ") for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
+    (line,) = [ln for b in blocks for ln in b.splitlines() if script in ln]
+    words = shlex.split(line)
+    assigned = {}
+    while words and "=" in words[0]:
+        name, value = words.pop(0).split("=", 1)
+        assigned[name] = value
+    return assigned, words
+
+
+def _rollout_versions(sync_redis, settings, agent: str) -> dict[int, int]:
+    """How many scored rollouts of each policy version the agent's history counts (every run)."""
+    from farm.history import run_versions
+
+    counts: dict[int, int] = {}
+    for key in sync_redis.scan_iter(match=f"{settings.namespace}:hist:{agent}:*"):
+        bucket = {k.decode(): float(v) for k, v in sync_redis.hgetall(key).items()}
+        for versions in run_versions(bucket).values():
+            for version, stats in versions.items():
+                counts[version] = counts.get(version, 0) + int(stats["n"])
+    return counts
+
+
+@pytest.mark.slow
+def test_the_docs_script_runs_as_written(tmp_path, settings, noop_worker, weights_server, small_model, sync_redis):
+    """docs/train-your-own-script.md's script and command, cut out verbatim: two GRPO steps on the noop
+    agent, the start weights and each step's pushed to the (recording) policy server. The command sets
+    FARM_POLICY_URLS alone, so the script's redis_url is None: the Redis is the embedded default
+    (127.0.0.1:embedded_port, here the test's Redis), and the weight-sync callback must announce each
+    version on it. An earlier run left version 3 live there: before the fix the callback, given no
+    redis_url, announced nothing, and every rollout of the run said v3 (v0 after a `farm train`)."""
+    import re
+    from urllib.parse import urlsplit
+
+    from farm.policy_version import announce_live
+
+    url = urlsplit(settings.redis_url)
+    if url.scheme != "redis" or url.hostname != "127.0.0.1" or url.path not in ("", "/0") or url.password:
+        pytest.skip("the embedded default is redis://127.0.0.1:PORT/0, and the test's Redis is elsewhere")
     text = (ROOT / "docs" / "train-your-own-script.md").read_text()
     name, code = re.search(r"<!-- script-example: (\S+) -->\n```python\n(.*?)```", text, re.S).groups()
+    assigned, words = _page_command(text, name)
+    assert sorted(assigned) == ["FARM_POLICY_URLS"] and words[:2] == ["python", name]
     script = tmp_path / name
     script.write_text(code)
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(trainer_row(i, tokens=4, reward=float(i))) + "\n" for i in range(2)))
-    env = worker_env(settings, FARM_POLICY_URLS=weights_server.url)
+    announce_live(sync_redis, settings.keys, 3)
+    # The page's variables, with the test's policy server; the namespace and port say which Redis
+    # "the embedded default" is here (no FARM_REDIS_URL, no FARM_CONFIG: redis_url stays None).
+    env = {k: v for k, v in worker_env(settings).items() if k not in ("FARM_REDIS_URL", "FARM_CONFIG")}
+    env.update(FARM_POLICY_URLS=weights_server.url, FARM_EMBEDDED_PORT=str(url.port or 6379))
     proc = subprocess.run(
         [sys.executable, str(script), str(small_model), str(rows), str(tmp_path / "out")],
         cwd=tmp_path,
@@ -410,6 +454,10 @@ def test_the_docs_script_runs_as_written(tmp_path, settings, noop_worker, weight
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [Path(p["kwargs"]["weights_path"]).name for p in weights_server.pushes] == ["v0", "v1", "v2"]
     assert sorted(p.name for p in (tmp_path / "out" / "policy").iterdir()) == ["v2"]
+    assert int(sync_redis.get(settings.keys.policy_version())) == 2
+    # Step 1 samples from v0, step 2 from v1 (after the first sync): 4 rollouts each.
+    wait_for(lambda: sum(_rollout_versions(sync_redis, settings, "noop").values()) >= 8, timeout=20, what="history")
+    assert _rollout_versions(sync_redis, settings, "noop") == {0: 4, 1: 4}
 
 
 @pytest.mark.slow

@@ -23,8 +23,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from farm.errors import ConfigError
 from farm.policy_version import announce_live, announce_loading
 from farm.settings import Settings
+from farm.transport import redact
 from trainer.config import TrainConfig, grpo_args
 from trainer.rollout import FarmRollout, env_reward
 from trainer.stops import Interrupted, StopRun, StopSignals, held_signals, stop_line
@@ -71,7 +73,13 @@ def _callback_base():
 
 class WeightSyncCallback(_callback_base()):
     """At the start, policy version 0: the trainer's own weights pushed to the servers. Then every K
-    optimizer steps: push the weights to the servers, then bump the policy version."""
+    optimizer steps: push the weights to the servers, then bump the policy version.
+
+    Each version is announced on the Redis and namespace the rollout's own client uses (its settings,
+    the embedded default included when redis_url is unset), so the workers that run its tasks tag
+    their rollouts with it. `redis_url` and `namespace` may only repeat those: naming another Redis
+    would tag the rollouts from a version nobody announced there (ConfigError). The announcement of
+    version 0 that fails ends the run before its first step; a later one that fails is a warning."""
 
     def __init__(
         self,
@@ -79,10 +87,10 @@ class WeightSyncCallback(_callback_base()):
         sync: WeightSync,
         every: int,
         redis_url: Optional[str] = None,
-        namespace: str = "farm",
+        namespace: Optional[str] = None,
     ):
         self.rollout, self.sync, self.every = rollout, sync, every
-        self.redis_url, self.namespace = redis_url, namespace
+        self.settings = _announcing(rollout.settings, redis_url, namespace)
         self.trainer = None
         self.start: Optional[SyncResult] = None  # the push of the start weights (version 0)
         self.syncs: list[Any] = []
@@ -98,7 +106,7 @@ class WeightSyncCallback(_callback_base()):
         if self.trainer is None:
             return
         version = self.rollout.version
-        self.start, seconds = self._publish(version)
+        self.start, seconds = self._publish(version, must=True)
         pushed = "pushed to the servers" if self.start.path else "not pushed (weight_sync: none)"
         log.info("policy v%d = the trainer's start weights, %s (%.1fs)", version, pushed, seconds)
 
@@ -110,7 +118,7 @@ class WeightSyncCallback(_callback_base()):
         self.trainer._log_metric("farm/weight_sync_s", seconds)
         log.info("step %d: policy v%d published (sync %.1fs)", state.global_step, result.version, seconds)
 
-    def _publish(self, version: int) -> tuple[SyncResult, float]:
+    def _publish(self, version: int, must: bool = False) -> tuple[SyncResult, float]:
         """Sync the servers to `version` and announce it (main process); every rank then moves to it.
         A stop signal waits until the servers and Redis agree on which version is live."""
         accelerator = self.trainer.accelerator
@@ -118,34 +126,47 @@ class WeightSyncCallback(_callback_base()):
         result = SyncResult(version=version)
         with held_signals():
             if accelerator.is_main_process:
-                self._announce(announce_loading, version)  # rollouts generating from here on may span two versions
+                self._announce(announce_loading, version, must)  # rollouts from here on may span two versions
                 result = self.sync.sync(
                     accelerator.unwrap_model(self.trainer.model), self.trainer.processing_class, version
                 )
-                self._announce(announce_live, version)
+                self._announce(announce_live, version, must)
             self.rollout.version = version
         accelerator.wait_for_everyone()  # no rank submits tasks of the new version before its weights are live
         return result, time.perf_counter() - t0
 
-    def _announce(self, announce, version: int) -> None:
+    def _announce(self, announce, version: int, must: bool) -> None:
         """Tell the workers (farm/policy_version.py) that `version` is loading, or live."""
-        if not self.redis_url:
-            return
         from farm.connection import connect_sync
         from farm.errors import TransportError
-        from farm.keys import Keys
-        from farm.settings import Settings
         from farm.transport import errors
 
         # farm.connection's client: Sentinel URLs and the password settings work here as everywhere.
-        r = connect_sync(Settings(redis_url=self.redis_url, namespace=self.namespace))
+        r = connect_sync(self.settings)
         try:
-            with errors(self.redis_url):
-                announce(r, Keys(self.namespace), version)
+            with errors(self.settings.redis_url or f"redis://127.0.0.1:{self.settings.embedded_port}/0"):
+                announce(r, self.settings.keys, version)
         except TransportError as exc:
+            if must:
+                raise TransportError(f"could not announce policy version {version}: {exc}") from None
             log.warning("could not announce policy version %d: %s", version, exc)
         finally:
             r.close()
+
+
+def _announcing(settings: Settings, redis_url: Optional[str], namespace: Optional[str]) -> Settings:
+    """The rollout's settings, which the callback announces on; a redis_url or namespace that names
+    another Redis than the rollout's client uses is refused."""
+    if redis_url is not None and redis_url != settings.redis_url:
+        raise ConfigError(
+            f"WeightSyncCallback: redis_url {redact(redis_url)} is not the rollout's ({redact(settings.redis_url)}): "
+            "leave it out, the callback announces on the Redis the rollout's client uses"
+        )
+    if namespace is not None and namespace != settings.namespace:
+        raise ConfigError(
+            f"WeightSyncCallback: namespace {namespace!r} is not the rollout's ({settings.namespace!r}): leave it out"
+        )
+    return settings
 
 
 class ConsoleMetrics(_callback_base()):
@@ -223,7 +244,7 @@ def build_trainer(
                 "weight_sync is 'reload' but no policy_urls/sync_urls are set: the servers keep "
                 "their weights; only the policy version advances"
             )
-    sync_cb = WeightSyncCallback(rollout, weight_sync, cfg.weight_sync_steps, settings.redis_url, settings.namespace)
+    sync_cb = WeightSyncCallback(rollout, weight_sync, cfg.weight_sync_steps)
     trainer = FarmGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs or [env_reward],
