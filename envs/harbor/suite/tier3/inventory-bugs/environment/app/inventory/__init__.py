@@ -1,0 +1,3 @@
+from inventory.stock import Inventory
+
+__all__ = ["Inventory"]

@@ -1,0 +1,3 @@
+from shapes.report import report
+
+print(report())
