@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
+from envs.boxes.aliases import load_aliases
 from envs.boxes.base import DEFAULT_PATH, load_base
-from envs.boxes.images import ImageConfig, all_aliases, load_image
+from envs.boxes.images import ImageConfig, load_image
 from envs.boxes.local_cg import SandboxCgroup
 from envs.boxes.local_exec import NSENTER, Identity, Ran, run_inside
 from envs.sdk.sandbox import (
@@ -241,7 +242,7 @@ class LocalBackend:
     ):
         self.data_dir = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
         self.state_dir = state_dir
-        self.aliases = all_aliases(aliases)
+        self.aliases = load_aliases(aliases)
 
     def _meta(self, sandbox_id: str) -> Path:
         return self.state_dir / "sandboxes" / f"{sandbox_id}.json"
