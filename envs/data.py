@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 MAX_REPORTED = 20  # errors listed in a DataError message; all are counted
+HARBOR = "harbor"  # the environment whose rows come from a suite of task directories (--tasks DIR)
 
 
 class DataError(ConfigError):
@@ -138,32 +139,42 @@ def _report(summary: Summary, verb: str) -> Summary:
 # -- commands ------------------------------------------------------------------------------
 def run_generate(
     env_name: str,
-    size: int,
+    size: Optional[int],
     seed: int,
     output: str | Path,
     *,
     agent: Optional[str] = None,
     options: Optional[dict] = None,
+    tasks: Optional[str | Path] = None,
 ) -> Summary:
     """`size` rows from environment `env_name`'s generator, as JSONL, the same for the same seed.
 
     Every row is routed to `agent` (default: the environment's name); any agent_ref the
-    generator wrote is replaced, so `--agent weather` retargets a whole file.
+    generator wrote is replaced, so `--agent weather` retargets a whole file. `harbor` makes
+    one row per task of the suite at `tasks` (default: the project's own), all of them unless
+    `size` is given.
     """
     from envs.sdk import load_env
 
-    if size < 0:
+    if size is not None and size < 0:
         raise DataError(f"size must be >= 0, got {size}")
-    env = load_env(env_name, options)
+    harbor = tasks is not None or env_name == HARBOR
+    if harbor:
+        rows, row_type = _harbor_rows(env_name, tasks, size, seed, agent, options)
+    elif size is None:
+        raise DataError(f"give the number of rows (--size N) for {env_name}")
+    else:
+        env = load_env(env_name, options)
     ref = {"type": AGENT_TYPE, "name": agent or env_name}
     summary = Summary(output=str(output))
     with atomic_output(output) as f:  # a bad output path fails before the rows are generated
-        rows = env.generate(size, seed)
-        if len(rows) != size:
-            raise FarmError(f"environment {env_name} generated {len(rows)} rows, not {size}")
+        if not harbor:
+            rows, row_type = env.generate(size, seed), env.row_type
+            if len(rows) != size:
+                raise FarmError(f"environment {env_name} generated {len(rows)} rows, not {size}")
         for i, row in enumerate(rows, 1):
             row = {**row, "agent_ref": dict(ref)}
-            problems = check_row(row) or check_type(row, env.row_type)
+            problems = check_row(row) or check_type(row, row_type)
             if problems:
                 bad = "; ".join(str(LineError(i, p)) for p in problems)
                 raise FarmError(f"environment {env_name} generated an invalid row: {bad}")
@@ -171,6 +182,27 @@ def run_generate(
             summary.rows += 1
     summary.per_agent[ref["name"]] = summary.rows
     return _report(summary, "generated")
+
+
+def _harbor_rows(
+    env_name: str, tasks: Optional[str | Path], size: Optional[int], seed: int, agent: Optional[str], options
+) -> tuple[list[dict], type]:
+    """A Harbor suite's rows (envs/harbor/rows.py); each broken task on a line of its own on stderr."""
+    from envs.harbor.rows import HarborRow, suite_rows
+    from envs.harbor.task import SUITE_DIR, SuiteError, TaskError
+
+    if env_name != HARBOR:
+        raise DataError(f"--tasks DIR is for the {HARBOR} environment, not {env_name}")
+    if options:
+        raise DataError(f"{HARBOR} takes no --option; its tasks come from --tasks DIR")
+    try:
+        return suite_rows(tasks or SUITE_DIR, agent=agent, size=size, seed=seed), HarborRow
+    except SuiteError as exc:
+        for error in exc.errors:
+            print(error, file=sys.stderr)
+        raise DataError(f"{exc}; nothing written") from None
+    except (TaskError, ValueError) as exc:
+        raise DataError(str(exc)) from None
 
 
 def run_prepare(

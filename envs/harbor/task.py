@@ -397,6 +397,8 @@ def scan_suite(path: Union[str, Path]) -> tuple[list[HarborTask], list[TaskError
 
 def load_suite(path: Union[str, Path] = SUITE_DIR) -> list[HarborTask]:
     """Every task of a suite (default: the project's own); SuiteError listing every broken one."""
+    if not Path(path).is_dir():
+        raise TaskError(Path(path).resolve(), "not a directory")
     tasks, errors = scan_suite(path)
     if errors:
         raise SuiteError(Path(path).resolve(), errors)

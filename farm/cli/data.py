@@ -34,10 +34,14 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     "generate",
     epilog="Examples:\n\n  farm data generate mcqa --size 100 -o mcqa.jsonl\n\n"
     "  farm data generate reasoning_gym --size 50 -o rg.jsonl --option tasks='[\"basic_arithmetic\"]'\n\n"
-    "  farm data generate code_gen --size 20 --seed 3 -o -",
+    "  farm data generate code_gen --size 20 --seed 3 -o -\n\n"
+    "  farm data generate harbor --tasks my-suite/ -o harbor.jsonl",
 )
 @click.argument("env")
-@click.option("--size", type=COUNT, required=True, help="number of rows.")
+@click.option("--size", type=COUNT, default=None, help="number of rows (harbor: of tasks; default all).")
+@click.option(
+    "--tasks", default=None, metavar="DIR", help="harbor: the suite of task directories (default: the project's)."
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="random seed.")
 @click.option("--agent", default=None, help="agent_ref name of every row (default: the environment's name).")
 @click.option("-o", "--output", required=True, help="JSONL file to write ('-': stdout).")
@@ -48,11 +52,11 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     metavar="KEY=VALUE",
     help="an environment option (JSON values: --option tasks='[\"leg_counting\"]'); repeatable.",
 )
-def data_generate(env, size, seed, agent, output, env_options) -> int:
+def data_generate(env, size, tasks, seed, agent, output, env_options) -> int:
     """Rows from an environment's generator, deterministic by seed."""
     from envs import data as data_mod
 
-    data_mod.run_generate(env, size, seed, output, agent=agent, options=_options(env_options))
+    data_mod.run_generate(env, size, seed, output, agent=agent, options=_options(env_options), tasks=tasks)
     return 0
 
 

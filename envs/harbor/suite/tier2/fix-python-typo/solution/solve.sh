@@ -2,4 +2,4 @@
 # The reference solution.
 set -euo pipefail
 cd /app
-sed -i 's/pritn(/print(/' greet.py
+sed -i 's/return "Hello/return f"Hello/' greet.py

@@ -1,6 +1,5 @@
-import pytest
-
 import calc
+import pytest
 from calc import divide, multiply, subtract
 
 

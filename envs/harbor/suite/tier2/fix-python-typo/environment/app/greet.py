@@ -2,8 +2,8 @@ import sys
 
 
 def greet(name):
-    return f"Hello, {name}!"
+    return "Hello, {name}!"
 
 
 if __name__ == "__main__":
-    pritn(greet(sys.argv[1]))
+    print(greet(sys.argv[1]))

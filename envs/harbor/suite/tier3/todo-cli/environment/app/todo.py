@@ -1,7 +1,6 @@
 """A to-do list in a JSON file ($TODO_FILE, default /app/todo.json)."""
 
 import argparse
-import json
 import os
 import sys
 
