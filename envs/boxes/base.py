@@ -199,6 +199,17 @@ def _finish_tree(rootfs: Path) -> None:
     (rootfs / "tmp").chmod(0o1777)
 
 
+def _discard(path: Path) -> None:
+    """Remove a build directory, first detaching anything debootstrap left mounted in it (/proc,
+    /sys of an interrupted build), so the removal never reaches into a live filesystem."""
+    prefix = str(path) + "/"
+    for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+        point = line.split()[4]
+        if point.startswith(prefix):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def build_base(
     data_dir: Path,
     *,
@@ -215,6 +226,8 @@ def build_base(
         if found is not None and not force:
             return found
         _preflight()
+        for stale in [*final.parent.glob(f".{SUITE}-build-*"), *final.parent.glob(f".{SUITE}-old-*")]:
+            _discard(stale)  # an interrupted build's (we hold the lock: no builder is running)
         url = mirror or mirror_url()
         progress(f"base: debootstrap {SUITE} (minbase + {len(BASE_PACKAGES)} packages) from {url}; takes minutes")
         work = Path(tempfile.mkdtemp(prefix=f".{SUITE}-build-", dir=final.parent))
@@ -238,9 +251,9 @@ def build_base(
                 final.rename(old)
             work.rename(final)
             if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+                _discard(old)
         except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
+            _discard(work)
             raise
         progress(f"base: {len(packages)} packages, content id {manifest['content_id']}, at {final / 'rootfs'}")
         tree = load_base(data_dir)

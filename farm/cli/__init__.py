@@ -42,7 +42,7 @@ def _commands() -> Any:
     interrupt like any other, not a traceback)."""
     # isort: off
     from farm.cli.base import cli  # the root group, which the modules below register their commands on
-    from farm.cli import services, jobs, data, dead, cancel, reverify  # noqa: F401
+    from farm.cli import services, jobs, data, dead, cancel, reverify, sandbox  # noqa: F401
     # isort: on
 
     return cli
