@@ -283,7 +283,7 @@ def _describe(message: str, data: dict[str, Any]) -> str:
     missing = re.match(r"Object missing required field `(.+)`", problem)
     if missing:
         return f"{where + '.' if where else ''}{missing.group(1)}: required key missing"
-    problem = problem.replace("`", "")
+    problem = problem.replace("`", "").replace(" | null", "")
     problem = problem[:1].lower() + problem[1:]
     value: Any = data
     for part in where.split(".") if where and "got" not in problem else ():
