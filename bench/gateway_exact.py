@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from envs.single_tool_call import generate  # noqa: E402
+from farm.agent_config import AgentConfig  # noqa: E402
 from farm.schema import Sampling, Task  # noqa: E402
-from farm.settings import AgentConfig, load_settings  # noqa: E402
+from farm.settings import load_settings  # noqa: E402
 from workers.loops.agent import load_agent  # noqa: E402
 from workers.loops.context import AgentContext  # noqa: E402
 from workers.policy.serving import default_cache, prepare_model  # noqa: E402

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from farm.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
+    from farm.agent_config import AgentConfig
     from farm.client import FarmClient
     from farm.errors import (
         ConfigError,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
         UnknownAgent,
     )
     from farm.schema import Rollout, RolloutError, Sampling, Status, Task, TokenTrace
-    from farm.settings import AgentConfig, Settings, load_settings
+    from farm.settings import Settings, load_settings
 
 try:
     __version__ = version("rollout-farm")  # the installed distribution's, as `farm --version` and heartbeats say
@@ -51,7 +52,7 @@ _EXPORTS = {
     "TokenTrace": "farm.schema",
     "RolloutError": "farm.schema",
     "Settings": "farm.settings",
-    "AgentConfig": "farm.settings",
+    "AgentConfig": "farm.agent_config",
     "load_settings": "farm.settings",
     "ErrorKind": "farm.errors",
     "FarmError": "farm.errors",

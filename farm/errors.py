@@ -86,6 +86,7 @@ class ErrorKind(str, Enum):
     bad_reply_to = "bad_reply_to"  # reply_to is not a result stream of the farm's namespace
     too_large = "too_large"  # the rollout is bigger than max_entry_bytes
     sandbox_error = "sandbox_error"  # the code sandbox's machinery failed (never the program's 0)
+    infrastructure = "infrastructure"  # a rollout's sandbox did not start, twice (masked, never a 0)
     cancelled = "cancelled"  # a client cancelled the task (farm.cancel): never run, or stopped in flight
 
 

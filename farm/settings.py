@@ -20,12 +20,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Any, Literal, Mapping, Optional
 from urllib.parse import urlsplit
 
 import msgspec
 import yaml
 
+from farm.agent_config import AgentConfig
 from farm.errors import ConfigError
 from farm.judge_config import JudgeConfig
 from farm.keys import Keys, check_name
@@ -33,7 +34,6 @@ from farm.keys import Keys, check_name
 __all__ = [
     "ENV_PREFIX",
     "FIELDS",
-    "AgentConfig",
     "JudgeConfig",
     "Settings",
     "load_settings",
@@ -45,35 +45,6 @@ __all__ = [
 
 
 ENV_PREFIX = "FARM_"
-
-
-class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One agent (a task stream) served by an environment, with optional loop overrides.
-
-    `harness` ("module:function", an `async def run(client, task)`) or `command` (a program, run per
-    rollout) makes it an agent the farm never saw: it talks to the worker's model gateway
-    (workers/gateway), and `env` provides its tools and verifies its answer."""
-
-    env: str
-    loop: Optional[Literal["single_turn", "tool_use", "multi_turn"]] = None
-    max_steps: Optional[int] = None
-    sampling: dict[str, Any] = {}
-    env_options: dict[str, Any] = {}
-    harness: Optional[str] = None
-    command: Optional[Union[str, list[str]]] = None
-    max_rollout_tokens: Optional[int] = None  # sampled tokens across a harness rollout's calls
-
-    def __post_init__(self) -> None:
-        if self.harness is not None and self.command is not None:
-            raise ValueError("an agent takes `harness` or `command`, not both")
-        if self.harness is not None and not re.fullmatch(r"[\w.]+:[\w.]+", self.harness):
-            raise ValueError(f"harness must be 'module:function', got {self.harness!r}")
-        if self.command is not None and not self.command:
-            raise ValueError("command must name a program")
-        for key in ("max_steps", "max_rollout_tokens"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ValueError(f"{key} must be >= 1, got {value}")
 
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -153,6 +124,12 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The model gateway harness agents call (workers/gateway): one server per worker process.
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 0  # 0: a free port (one per process; `--processes P` needs 0)
+    # Sandboxes: a rollout of a sandboxed environment (harbor) runs in one of its own (envs/boxes).
+    sandbox_backend: Literal["docker", "local"] = "docker"  # FARM_SANDBOX_BACKEND
+    sandbox_slack_s: float = 120.0  # a sandbox lives its task's agent + verifier timeouts plus this
+    sandbox_sweep_s: float = 30.0  # how often a worker removes sandboxes whose worker is gone
+    # Dockerfile FROM names built on the farm's base image instead (image name or glob -> base).
+    sandbox_base_aliases: dict[str, str] = {}
     # Logging.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -194,6 +171,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "dead_maxlen",
             "consumer_idle_s",
             "summary_every_s",
+            "sandbox_slack_s",
+            "sandbox_sweep_s",
         )
         for name in self.__struct_fields__:
             value = getattr(self, name)

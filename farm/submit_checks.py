@@ -32,7 +32,7 @@ log = logging.getLogger("farm.client")
 
 # The built-in agents of workers.loops.agent (the core cannot import it; tests/test_client_checks.py
 # keeps the two in step), and the entry point groups environments and agents register under.
-BUILTIN_AGENTS = frozenset({"noop"})
+BUILTIN_AGENTS = frozenset({"noop", "harbor_oracle", "harbor_nop"})  # workers.loops.agent._builtins
 ENTRY_POINT_GROUPS = ("farm.envs", "farm.agents")
 
 

@@ -279,11 +279,12 @@ ENVS = [
 # Environments whose rows, tools and verdicts are an outside server's: no generator of their own, and
 # their tools' arguments are checked by that server.
 SERVER_ENVS = ["nemo_gym_server"]
+SANDBOX_ENVS = ["harbor"]  # rows come from a task suite (tests/test_harbor_*.py), each rollout in a sandbox
 
 
 def test_every_shipped_environment_is_on_the_sdk():
-    assert sorted(available_envs()) == sorted(ENVS + SERVER_ENVS)
-    for name in ENVS + SERVER_ENVS:
+    assert sorted(available_envs()) == sorted(ENVS + SERVER_ENVS + SANDBOX_ENVS)
+    for name in ENVS + SERVER_ENVS + SANDBOX_ENVS:
         cls = available_envs()[name].load()
         assert issubclass(cls, Environment) and cls.row_type is not Row and issubclass(cls.row_type, Row), name
         # What setup opens (pools, clients, servers), aclose closes: overriding setup means overriding aclose.

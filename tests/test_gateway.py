@@ -17,14 +17,15 @@ from helpers.policies import hermes
 from helpers.redis import make_settings
 
 from envs.sdk import load_env
+from farm.agent_config import AgentConfig
 from farm.errors import ConfigError, RolloutFailure
 from farm.schema import Status, Task
-from farm.settings import AgentConfig
 from workers.gateway.bridge import Bridge
 from workers.gateway.calls import Limits, RolloutCalls
+from workers.gateway.local import local_http
 from workers.gateway.server import Gateway
 from workers.loops.context import AgentContext
-from workers.loops.harness import HarnessAgent, _local_http, load_harness
+from workers.loops.harness import HarnessAgent, load_harness
 from workers.policy.rotation import Session
 from workers.policy.tokens import Completion
 
@@ -101,7 +102,7 @@ async def gateway(request, tokenizer):
             task_json={"task_id": "t"},
         )
         gw.open(calls)
-        http = _local_http(gw) if request.param == "in_process" else None
+        http = local_http(gw) if request.param == "in_process" else None
         client = openai.AsyncOpenAI(base_url=gw.base_url(calls), api_key="unused", max_retries=0, http_client=http)
         clients.append(client)
         return gw, policy, calls, client

@@ -18,8 +18,8 @@ import pytest
 from helpers.redis import make_settings
 
 from envs.single_tool_call import generate
+from farm.agent_config import AgentConfig
 from farm.schema import Sampling, Task
-from farm.settings import AgentConfig
 from workers.loops.agent import load_agent
 from workers.loops.context import AgentContext
 

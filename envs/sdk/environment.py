@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 from typing import Any, Literal, Optional
 
 from envs.sdk.rows import Row, parse_row
+from envs.sdk.sandbox import SandboxBackend
 from envs.sdk.tools import Tool, Toolset
 from farm.errors import ConfigError, UnknownAgent, where
 from farm.lazy import import_object
@@ -24,6 +25,7 @@ __all__ = [
     "AgentSettings",
     "Environment",
     "LoopKind",
+    "RolloutScope",
     "Transcript",
     "Verdict",
     "available_envs",
@@ -66,6 +68,18 @@ class Verdict:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RolloutScope:
+    """Who runs one rollout: what its per-rollout resources (a sandbox) are labelled with, and the
+    worker's sandbox backend when the environment asked for one (`Environment.sandboxes`)."""
+
+    task_id: str
+    worker_id: str
+    namespace: str
+    sandboxes: Optional[SandboxBackend] = None
+    sandbox_slack_s: float = 120.0  # a sandbox lives its task's own time limits plus this
+
+
 class Environment:
     """The base class of every environment; override what the task family needs."""
 
@@ -77,6 +91,9 @@ class Environment:
     agent: AgentSettings = AgentSettings()
     row_type: type[Row] = Row  # the rows' typed shape (ground truth included)
     toolset: Optional[Toolset] = None  # the tools, when declared with @Toolset.tool
+    # True: every rollout runs in a sandbox of its own; the worker hands its backend (the
+    # `sandbox_backend` setting) to `open_state` in the RolloutScope, and checks it at start.
+    sandboxes: bool = False
 
     async def setup(self) -> None:
         """Called by the worker once, before the first rollout: start pools, open clients."""
@@ -96,6 +113,21 @@ class Environment:
 
     def new_state(self, row: Any) -> Any:
         """The state one rollout's tools work on (`row`: a `row_type`), fresh per rollout."""
+        return None
+
+    async def open_state(self, row: Any, scope: RolloutScope) -> Any:
+        """The state of one rollout, made before its first model call; `new_state` unless the
+        environment holds something per rollout that must be started (a sandbox) and released.
+        Raise RolloutFailure (kind `infrastructure`) when that cannot start."""
+        return self.new_state(row)
+
+    async def close_state(self, state: Any) -> None:
+        """Release what `open_state` started, after the verifier; the worker calls it however the
+        rollout ends (done, failed, timed out, cancelled, interrupted, the worker stopping)."""
+
+    def agent_time_limit(self, row: Any) -> Optional[float]:
+        """Seconds the agent may work on this row before the loop stops it and the verifier runs
+        (a Harbor task's agent timeout); None: only max_steps and the attempt's timeout bound it."""
         return None
 
     async def verify(self, row: Any, state: Any, transcript: Transcript) -> Verdict:

@@ -188,8 +188,12 @@ async def setup_agent(agent: Any, agent_name: str) -> None:
 
 
 def heartbeat_info(worker: Any) -> dict:
-    """What the worker's heartbeat key holds (`farm status`, the health probe and the dashboard read it)."""
+    """What the worker's heartbeat key holds (`farm status`, the health probe and the dashboard read it);
+    a sandboxed environment's worker adds its sandboxes (workers/loops/sandboxes.py)."""
+    stats = getattr(worker.agent, "sandbox_stats", None)
+    sandboxes = stats() if callable(stats) else None
     return {
+        **({"sandboxes": sandboxes} if sandboxes is not None else {}),
         "worker_id": worker.worker_id,
         "agent": worker.agent_name,
         "pid": os.getpid(),
@@ -213,9 +217,12 @@ async def maintain(worker: Any) -> None:
     next_prune = time.monotonic() + min(60.0, s.consumer_idle_s)
     summary = Summary(time.monotonic() + s.summary_every_s)
     key, ttl_ms = s.keys.worker(worker.worker_id), int(s.heartbeat_ttl_s * 1000)
+    sweeper = _sweeper(worker)
     while not worker._closed.is_set():
         try:
             now = time.monotonic()
+            if sweeper is not None:
+                sweeper.tick(now)
             if now >= next_beat:
                 next_beat = now + beat_every
                 info = json.dumps(heartbeat_info(worker))
@@ -248,6 +255,19 @@ async def maintain(worker: Any) -> None:
             await asyncio.wait_for(worker._closed.wait(), 0.25)
         except asyncio.TimeoutError:
             pass
+    if sweeper is not None:
+        await sweeper.aclose()
+
+
+def _sweeper(worker: Any) -> Any:
+    """The sandbox sweeper of a sandboxed environment's worker (workers/delivery/sweeper.py), else None."""
+    tracked = getattr(worker.agent, "sandboxes", None)
+    if tracked is None:
+        return None
+    from workers.delivery.sweeper import Sweeper
+
+    s = worker.settings
+    return Sweeper(tracked.backend, s.namespace, worker.r, s.keys, worker.worker_id, s.sandbox_sweep_s)
 
 
 def log_stop(left: int, handed_back: int, s: Settings, signalled: bool) -> None:

@@ -34,7 +34,19 @@ AgentFactory = Callable[[str, Settings], Agent]
 def _builtins() -> dict[str, AgentFactory]:
     from workers.loops.noop import NoopAgent
 
-    return {"noop": lambda name, settings: NoopAgent()}
+    def scripted(mode: str) -> AgentFactory:
+        def make(name: str, settings: Settings) -> Agent:
+            from workers.loops.scripted import scripted_agent  # the SDK and sandboxes: not for a core install
+
+            return scripted_agent(name, settings, mode)  # type: ignore[arg-type]
+
+        return make
+
+    return {
+        "noop": lambda name, settings: NoopAgent(),
+        "harbor_oracle": scripted("oracle"),
+        "harbor_nop": scripted("nop"),
+    }
 
 
 def available_agents() -> dict[str, AgentFactory]:
@@ -86,9 +98,16 @@ def policy_agent(name: str, settings: Settings) -> Agent:
             f"agent {name!r} calls a policy: set policy_urls (FARM_POLICY_URLS), "
             "e.g. to the URL `farm policy serve` prints"
         )
+    agent: Any
     if cfg is not None and (cfg.harness or cfg.command):
-        return _harness_agent(name, env, loop_settings, cfg, settings)
-    return AgentLoop(env, _policy(settings), loop_settings)
+        agent = _harness_agent(name, env, loop_settings, cfg, settings)
+    else:
+        agent = AgentLoop(env, _policy(settings), loop_settings)
+    if env.sandboxes:
+        from workers.loops.sandboxes import make_backend
+
+        agent.sandboxes = make_backend(settings)
+    return agent
 
 
 def _harness_agent(name: str, env: Any, loop_settings: Any, cfg: Any, settings: Settings) -> Agent:

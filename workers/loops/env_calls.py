@@ -19,10 +19,12 @@ import logging
 import time
 from typing import Any, Optional
 
-from envs.sdk import Environment, Tool, Transcript, Verdict
+from envs.sdk import Environment, RolloutScope, Tool, Transcript, Verdict
 from envs.sdk.judge import JudgeConfig, JudgeReply, judging
-from farm.errors import RolloutFailure, where
+from farm.errors import ConfigError, RolloutFailure, where
 from farm.schema import ErrorKind, Rollout, Status, Task, Timings
+from farm.settings import Settings
+from workers.loops.sandboxes import Tracked, check_backend, close_quietly
 from workers.policy.chat import BadToolCall, ToolCall, input_messages
 
 log = logging.getLogger("farm.env")
@@ -33,9 +35,27 @@ class EnvironmentAgent:
     task, and on close the policy's connections, then the environment's pools and sandboxes."""
 
     env: Environment
+    sandboxes: Optional[Tracked] = None  # the process's sandbox backend, when the environment runs in sandboxes
 
     async def setup(self) -> None:
+        if self.env.sandboxes:
+            if self.sandboxes is None:
+                raise ConfigError(f"environment {self.env.name} runs in sandboxes, and this agent has no backend")
+            await check_backend(self.sandboxes)
         await self.env.setup()
+
+    async def open_state(self, row: Any, task: Task, ctx: Any) -> Any:
+        """The rollout's state (Environment.open_state), in a sandbox of its own when the environment asks."""
+        s = ctx.settings if isinstance(ctx.settings, Settings) else Settings()  # tests' contexts may carry none
+        scope = RolloutScope(task.task_id, ctx.worker_id, s.namespace, self.sandboxes, s.sandbox_slack_s)
+        return await self.env.open_state(row, scope)
+
+    async def close_state(self, state: Any) -> None:
+        """Release the rollout's state to the end, even from a cancelled task (workers/loops/sandboxes.py)."""
+        await close_quietly(lambda: self.env.close_state(state), f"a {self.env.name} rollout's state")
+
+    def sandbox_stats(self) -> Optional[dict]:
+        return self.sandboxes.stats.snapshot() if self.sandboxes is not None else None
 
     async def close_policy(self) -> None:
         """Close the agent's own connections to the policy (each agent kind has its own)."""

@@ -44,12 +44,14 @@ import time
 from typing import Any, Callable, Optional
 
 from envs.sdk import AgentSettings, Environment, Tool, Transcript, Verdict
+from farm.agent_config import AgentConfig
 from farm.errors import ConfigError, RolloutFailure
 from farm.lazy import import_object
 from farm.schema import ErrorKind, Rollout, Task, Timings
-from farm.settings import AgentConfig, Settings
+from farm.settings import Settings
 from workers.gateway.bridge import Bridge
 from workers.gateway.calls import Limits, RolloutCalls
+from workers.gateway.local import local_http
 from workers.gateway.server import Gateway
 from workers.loops.context import AgentContext
 from workers.loops.env_calls import EnvironmentAgent, call_tool, read_row, sampling_for, scored
@@ -130,26 +132,6 @@ def load_harness(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def _local_http(gateway: Gateway) -> Any:
-    """The http client of every in-process harness's openai client: an httpx transport that hands each
-    request to `gateway.handle` in the worker's event loop (no socket, no HTTP parsing; the same
-    answers as the server). A harness that closes its client closes nothing shared."""
-    import httpx2
-
-    class Local(httpx2.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-            answer = await gateway.handle(
-                request.method, request.url.path, request.headers.get("authorization", ""), await request.aread()
-            )
-            return httpx2.Response(answer.status, headers=answer.headers, content=answer.body, request=request)
-
-    class Shared(httpx2.AsyncClient):
-        async def aclose(self) -> None:  # a harness's `async with client` must not close the others'
-            return None
-
-    return Shared(transport=Local(), timeout=httpx2.Timeout(None))
-
-
 def _load_sdk(http: Any) -> None:
     """Import the openai SDK and the lazily loaded parts a chat or responses call needs now, at
     start-up, so the first wave of rollouts does not wait on imports (about half a second)."""
@@ -186,10 +168,10 @@ class HarnessAgent(EnvironmentAgent):
         self.http: Any = None
 
     async def setup(self) -> None:
-        await self.env.setup()
+        await super().setup()
         self.gateway = await Gateway(self.client, self.tok, self.farm.gateway_host, self.farm.gateway_port).start()
         if self.harness is not None:
-            self.http = _local_http(self.gateway)
+            self.http = local_http(self.gateway)
             _load_sdk(self.http)
 
     def ready(self) -> bool:
@@ -210,7 +192,16 @@ class HarnessAgent(EnvironmentAgent):
         assert self.gateway is not None
         row, params, messages, _ = read_row(self.env, task.row)
         tools = chat_tools(params["tools"]) if params.get("tools") else self.schemas
-        state = self.env.new_state(row)
+        state = await self.open_state(row, task, ctx)
+        try:
+            return await self._rollout(task, ctx, row, messages, tools, state)
+        finally:
+            await self.close_state(state)
+
+    async def _rollout(
+        self, task: Task, ctx: AgentContext, row: Any, messages: list[dict], tools: list[dict], state: Any
+    ) -> Rollout:
+        assert self.gateway is not None
         sampling = sampling_for(task, self.settings.sampling)
         metrics: dict[str, Any] = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "bad_tool_calls": 0}
         # What the gateway samples with, whatever the harness asks (the trainer checks it: trainer/batch.py).

@@ -52,6 +52,7 @@ class Episode:
     timings: Timings = field(default_factory=Timings)
     truncated: bool = False
     final_text: str = ""
+    agent_deadline: Optional[float] = None  # monotonic; past it no new turn starts (Environment.agent_time_limit)
 
 
 class AgentLoop(EnvironmentAgent):
@@ -89,13 +90,25 @@ class AgentLoop(EnvironmentAgent):
         A continuation (`task.resume`) goes on from where its interrupted rollout stopped; a run
         cancelled by an interrupt (`ctx.interrupts`) returns what it generated so far."""
         ep = self._start(task)
+        ep.state = await self.open_state(ep.row, task, ctx)
+        try:
+            return await self._episode(task, ctx, ep)
+        finally:
+            await self.close_state(ep.state)
+
+    async def _episode(self, task: Task, ctx: AgentContext, ep: Episode) -> Rollout:
         mark = ctx.versions.mark() if ctx.versions is not None else None
         if hasattr(ep.convo, "version_of"):
             ep.convo.version_of = lambda: _live_version(ctx, task)
+        limit = self.env.agent_time_limit(ep.row)
+        ep.agent_deadline = None if limit is None else time.monotonic() + limit
         try:
             if task.resume is not None:
                 await resume_episode(self, ep, task.resume, _model(ctx))
             for step in range(ep.metrics["turns"], self.settings.max_steps):
+                if ep.agent_deadline is not None and time.monotonic() >= ep.agent_deadline:
+                    ep.metrics["agent_timeout"] = True  # the agent's time is up: the verifier grades what it did
+                    break
                 turn = await self._model_turn(ep, step)
                 if turn is None:
                     break
@@ -122,7 +135,7 @@ class AgentLoop(EnvironmentAgent):
             convo=self.policy.conversation(messages, tools),
             followups=followups,
             row=row,
-            state=self.env.new_state(row),
+            state=None,  # opened by run (Environment.open_state), closed when the rollout ends
             sampling=sampling_for(task, self.settings.sampling),
             session=Session(group=task.group_id, key=task.task_id),
         )
@@ -160,7 +173,7 @@ class AgentLoop(EnvironmentAgent):
         new: list[dict] = []
         if self.settings.loop != "single_turn" and turn.calls:
             t1 = time.perf_counter()
-            new = await self._run_tools(turn.calls, ep.state, ep.output, ep.calls_made, ep.metrics)
+            new = await self._run_tools(turn.calls, ep)
             ep.timings.tools_s += time.perf_counter() - t1
         if not new and self.settings.loop == "multi_turn" and ep.followups:
             new = [{"role": "user", "content": ep.followups.pop(0)}]
@@ -169,13 +182,15 @@ class AgentLoop(EnvironmentAgent):
             )
         return new
 
-    async def _run_tools(
-        self, calls: list[Call], state: Any, output: list, calls_made: list, metrics: dict
-    ) -> list[dict]:
-        """Run each call; every result (or error) becomes a tool message, and goes into the output items."""
+    async def _run_tools(self, calls: list[Call], ep: Episode) -> list[dict]:
+        """Run each call; every result (or error) becomes a tool message, and goes into the output items.
+        A call never runs past the agent's time (Environment.agent_time_limit)."""
         results = []
         for call in calls:
-            result = await run_call(call, self.tools, state, self.settings.tool_timeout_s, output, calls_made, metrics)
+            limit = self.settings.tool_timeout_s
+            if ep.agent_deadline is not None:
+                limit = max(0.001, min(limit, ep.agent_deadline - time.monotonic()))
+            result = await run_call(call, self.tools, ep.state, limit, ep.output, ep.calls_made, ep.metrics)
             results.append({"role": "tool", "tool_call_id": call.call_id, "content": result})
         return results
 
