@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Mapping
@@ -33,11 +32,11 @@ from envs.sdk.sandbox import ImageSpec, SandboxStartError
 __all__ = ["Builder", "TASK_REPOSITORY", "rewrite_from"]
 
 TASK_REPOSITORY = "rollout-farm/task"
-CONTENT_LABEL = "rollout-farm.content"
 
 _FROM = re.compile(
     r"^(?P<lead>[ \t]*FROM[ \t]+(?:--\S+[ \t]+)*)(?P<image>\S+)(?P<rest>.*)$", re.IGNORECASE | re.MULTILINE
 )
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STAGE = re.compile(r"[ \t]+AS[ \t]+(\S+)", re.IGNORECASE)
 
 
@@ -116,10 +115,10 @@ class Builder:
         lock = self._locks.setdefault(digest, asyncio.Lock())
         async with lock:
             if await self._image_id(tag) is None:
-                await self._run(spec, text, tag, digest)
+                await self._run(spec, text, tag)
         return tag
 
-    async def _run(self, spec: ImageSpec, text: str, tag: str, digest: str) -> None:
+    async def _run(self, spec: ImageSpec, text: str, tag: str) -> None:
         self.builds_run += 1
         context = tar_dir(spec.context, ".", replace={spec.dockerfile: text.encode()})
         params = {
@@ -128,18 +127,17 @@ class Builder:
             "networkmode": "none",
             "rm": "1",
             "forcerm": "1",
-            "labels": json.dumps({CONTENT_LABEL: digest}),
         }
         resp = await self.engine.open(
             "POST", "/build", params=params, data=context, headers={"Content-Type": "application/x-tar"}, timeout_s=None
         )
         step, last = "before its first step", ""
         async for event in self.engine.lines(resp):
-            out = event.get("stream") or ""
+            out = _ANSI.sub("", event.get("stream") or "")
             for line in out.splitlines():
                 if re.match(r"Step \d+/\d+ : ", line):
                     step, last = line[len("Step ") :].replace(" : ", " (", 1) + ")", ""
-                elif line.strip() and not line.startswith(" ---> "):
+                elif line.strip() and not line.startswith((" ---> ", "Removing intermediate container")):
                     last = line.strip()
             if "error" in event:
                 error = " ".join(str(event["error"]).split())

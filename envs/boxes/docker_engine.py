@@ -219,8 +219,16 @@ def tar_dir(src: Path, arcname: str, replace: Optional[Mapping[str, bytes]] = No
 
 def untar_into(data: bytes, dest: Path) -> None:
     """Extract a tar the daemon sent for a directory into `dest`, dropping its top directory.
-    The sandbox wrote it, so extraction goes through tarfile's `data` filter: nothing lands
-    outside `dest`, no device files, no absolute or escaping links."""
+    The sandbox wrote it, so every member goes through tarfile's `data` filter, and one it
+    refuses is left out: nothing lands outside `dest`, no device files, no absolute or escaping
+    links (a link to /etc/passwd inside the sandbox is not copied)."""
+
+    def safe(member: tarfile.TarInfo, path: str) -> Optional[tarfile.TarInfo]:
+        try:
+            return tarfile.data_filter(member, path)
+        except tarfile.FilterError:
+            return None
+
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
         members = []
@@ -229,4 +237,4 @@ def untar_into(data: bytes, dest: Path) -> None:
             if rest:
                 m.name = rest
                 members.append(m)
-        tar.extractall(dest, members=members, filter="data")
+        tar.extractall(dest, members=members, filter=safe)
