@@ -9,13 +9,12 @@ Harbor (harborframework.com) ships a task as a directory:
                             /logs/verifier/reward.txt or reward.json
     solution/solve.sh       a reference solution (optional)
 
-The farm reads this format itself, with no dependency on Harbor's runtime (which pins its own
-stack and needs Python 3.12); tests/test_harbor_parser.py checks that Harbor's own parser reads the
-project's suite to the same values. Defaults are Harbor's. Where Harbor is lenient this reader is
-strict, because a mistake in a suite should stop `farm data generate`, not hundreds of rollouts:
-an unknown key, a wrong type, a non-positive timeout or a Harbor feature the farm does not run
-(multi-step tasks, a separate verifier container, MCP servers, ...) is a TaskError naming the file
-and the key. `[metadata]` stays free-form, as in Harbor: the usual keys are typed, others are kept.
+Read here with no dependency on Harbor's runtime (its own stack, Python 3.12); Harbor's parser
+agrees on the project's suite (tests/test_harbor_parser.py). Defaults are Harbor's. Where Harbor is
+lenient this reader is strict, so that a mistake stops `farm data generate`, not hundreds of
+rollouts: an unknown key, a wrong type, a non-positive timeout, a Harbor feature the farm does not
+run (steps, a separate verifier container, MCP servers...) is a TaskError naming file and key.
+`[metadata]` stays free-form as in Harbor: the usual keys typed, the others kept in `extra`.
 
     TaskError(ValueError)   one task that cannot be used: `str()` is one line, path first
       SuiteError            a suite with broken tasks: `.errors` holds every one of them
@@ -42,19 +41,16 @@ __all__ = [
     "TaskConfig",
     "TaskError",
     "VerifierConfig",
+    "content_id",
     "load_suite",
     "load_task",
+    "parse_config",
     "scan_suite",
 ]
 
 SUITE_DIR = Path(__file__).parent / "suite"  # the project's own suite, shipped as package data
-CONFIG, INSTRUCTION, TEST_SCRIPT, SOLVE_SCRIPT, DOCKERFILE = (
-    "task.toml",
-    "instruction.md",
-    "tests/test.sh",
-    "solution/solve.sh",
-    "environment/Dockerfile",
-)
+CONFIG, INSTRUCTION, DOCKERFILE = "task.toml", "instruction.md", "environment/Dockerfile"
+TEST_SCRIPT, SOLVE_SCRIPT = "tests/test.sh", "solution/solve.sh"
 SKIPPED = frozenset({"__pycache__", ".pytest_cache", ".git"})  # never part of a task's content
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -80,7 +76,7 @@ class SuiteError(TaskError):
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass
+    """A table of task.toml: typed, immutable, no key it does not declare."""
 
 
 class Author(_Section, frozen=True):
@@ -174,12 +170,8 @@ _AT = re.compile(r"^(.*) - at `\$\.?(.*)`$")
 
 @dataclass(frozen=True)
 class HarborTask:
-    """One task, read and checked: where its files are, what the agent is told, its settings.
-
-    `tier` is the suite's sub-directory the task sits in (`tier1`), else its metadata difficulty;
-    `content_id` hashes every file of the directory (names, modes, bytes), so an image or a result
-    cached under it is never stale.
-    """
+    """One task, read and checked. `tier`: the suite's sub-directory it sits in (`tier1`), else its
+    metadata difficulty; `content_id`: a hash of every file (an image cached under it is never stale)."""
 
     name: str
     path: Path
@@ -363,13 +355,13 @@ def _task_dirs(root: Path) -> list[tuple[Path, Optional[str]]]:
     if _looks_like_task(root):
         return [(root, None)]
     found: list[tuple[Path, Optional[str]]] = []
-    for child in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in SKIPPED):
-        if child.name.startswith("."):
-            continue
+    for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))):
         if _looks_like_task(child):
             found.append((child, None))
         else:
-            found += [(t, child.name) for t in sorted(child.iterdir()) if t.is_dir() and not t.name.startswith(".")]
+            found += [
+                (t, child.name) for t in sorted(child.iterdir()) if t.is_dir() and not t.name.startswith((".", "__"))
+            ]
     return found
 
 
