@@ -7,7 +7,10 @@ group's lag, or what the stream's length and pending imply before a worker read 
 dashboard and /metrics count it), `delayed`, `dead` and the settle counts; per
 run with tasks queued or in flight, its share, cap, queued, in flight and rollouts done per minute
 over the last one to two minutes (the last full minute's history bucket and the current one's);
-and per judge (`judges:`) its calls per second, failures, latency and cache hits (farm/judge_stats.py).
+per judge (`judges:`) its calls per second, failures, latency and cache hits (farm/judge_stats.py);
+and per agent whose workers run sandboxes (`sandboxes`, only when one does) those starting and
+running, started, failed to start, rollouts failed for want of one, and start latency p50/p99
+(farm/sandbox_stats.py: sums over the live workers, so the counts fall when a worker goes).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, Optional
 
 import redis
 
-from farm import history, judge_stats, state
+from farm import history, judge_stats, sandbox_stats, state
 from farm.keys import Keys
 
 # The stats-hash counts `farm status` shows per agent, in its columns' order: how tasks ended
@@ -30,7 +33,7 @@ SETTLED = ("done", "failed", "cancelled", "retried")
 
 def collect_status(r: redis.Redis, keys: Keys, now: Optional[float] = None) -> dict:
     """Per agent its queue (farm.state.QueueState's fields, `queued` its waiting tasks) with its runs,
-    each with its rates from the history; and the live workers."""
+    each with its rates from the history; the live workers, the judges, and the sandboxes per agent."""
     now = time.time() if now is None else now
     minutes, span = history.window(now, history.RUN_WINDOW_MINUTES)
     agents = {}
@@ -44,10 +47,12 @@ def collect_status(r: redis.Redis, keys: Keys, now: Optional[float] = None) -> d
             "lag": q.unread,  # the dashboard's lag: never None, so queued == backlog + lag always
             "runs": [{**asdict(run), **history.run_rate(rates, run.run_id)} for run in q.runs],
         }
+    live = state.live_workers(r, keys)
     return {
         "agents": agents,
-        "workers": state.live_workers(r, keys).listing(),
+        "workers": live.listing(),
         "judges": judge_stats.summary(r, keys, now),
+        "sandboxes": sandbox_stats.by_agent(live.beats),
     }
 
 
@@ -101,6 +106,32 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
     console.print(w)
     if status.get("judges"):
         console.print(judge_table(status["judges"]))
+    if status.get("sandboxes"):
+        console.print(sandbox_table(status["sandboxes"]))
+
+
+def _s(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def sandbox_table(sandboxes: dict[str, dict]):
+    """Per agent whose workers run sandboxes (farm/sandbox_stats.py): starting and running now;
+    since each live worker started, sandboxes started, starts that failed (`failed`: each try) and
+    rollouts failed because none started (`infra`); start latency p50 (the workers' median) and p99
+    (the worst worker's)."""
+    from rich.text import Text
+
+    columns = ("starting", "running", "started", "failed", "infra", "p50 s", "p99 s")
+    t = agent_table("sandboxes (failed: starts; infra: rollouts without one)", columns, 20)
+    t.collapse_padding = True
+    for agent, b in sandboxes.items():
+        t.add_row(
+            Text(agent),  # from a heartbeat: as text, never as console markup
+            *(_n(b[k]) for k in sandbox_stats.COUNTS),
+            _s(b["start_p50_s"]),
+            _s(b["start_p99_s"]),
+        )
+    return t
 
 
 def judge_table(judges: dict[str, dict]):

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import msgspec
 import redis
 
-from farm import history, judge_stats, schema, state
+from farm import history, judge_stats, sandbox_stats, schema, state
 from farm.deadletters import STREAM_ID
 from farm.errors import SchemaError
 from farm.keys import Keys
@@ -65,7 +65,8 @@ def failure_rate_text(failed: int, ended: int) -> str:
 
 def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min: int = OVERVIEW_MINUTES) -> dict:
     """One row per agent: queue state, rates and quality over the last window_min minutes, live workers;
-    in each, one row per run with tasks queued or in flight (`runs`)."""
+    in each, one row per run with tasks queued or in flight (`runs`). Beside them the judges and, per
+    agent whose workers run sandboxes, their sandboxes (farm/sandbox_stats.py; `{}` when none does)."""
     now = time.time() if now is None else now
     live = workers(r, keys)
     minutes, span = history.window(now, window_min)
@@ -91,6 +92,8 @@ def overview(r: redis.Redis, keys: Keys, now: Optional[float] = None, window_min
         "agents": rows,
         "workers": live,
         "judges": judge_stats.summary(r, keys, now),  # per judge: calls/s, latency, failures, cache hits
+        # per agent whose live workers run sandboxes: starting, running, started, failed, start p50/p99
+        "sandboxes": sandbox_stats.by_agent(live),
     }
 
 

@@ -6,7 +6,10 @@ Gauges are the overview's figures over its 5-minute window; `*_total` counters c
 agents' stats hashes, which only grow. The `farm_run_*` gauges also carry a `run` label, one
 series per run with tasks queued or in flight (a run's series ends when it has neither).
 The `farm_judge_*` series carry a `judge` label instead (farm/judge_stats.py: what the worker
-processes' judge pools counted). `router` serves them; `FarmCollector` computes them.
+processes' judge pools counted). The `farm_sandbox*` series exist for agents whose workers run
+sandboxes (farm/sandbox_stats.py): sums over the live workers' heartbeats, so the `*_total`
+counters count since each live worker started and fall when one goes (Prometheus' rate() and
+increase() read a fall as a counter reset). `router` serves them; `FarmCollector` computes them.
 """
 
 from __future__ import annotations
@@ -114,6 +117,44 @@ class FarmCollector(Collector):
                     c.add_metric([agent, f] if len(fields) > 1 else [agent], value)
             yield c
         yield from judge_metrics(view.get("judges", {}))
+        yield from sandbox_metrics(view.get("sandboxes", {}))
+
+
+SANDBOX_COUNTERS = {
+    "farm_sandbox_starts": ("Sandboxes started, summed over the live workers since each started.", "started"),
+    "farm_sandbox_start_failures": (
+        "Sandbox starts that failed (each try), summed over the live workers since each started.",
+        "start_failed",
+    ),
+    "farm_sandbox_infrastructure_failures": (
+        "Rollouts failed because no sandbox started, summed over the live workers since each started.",
+        "infrastructure",
+    ),
+}
+
+
+def sandbox_metrics(sandboxes: dict[str, dict[str, Any]]):
+    """Per agent whose workers run sandboxes: those starting and running, the counters, start latency."""
+    now = GaugeMetricFamily("farm_sandboxes", "Sandboxes starting or running now.", labels=["agent", "state"])
+    for agent, row in sandboxes.items():
+        for state in ("starting", "running"):
+            now.add_metric([agent, state], float(row[state]))
+    yield now
+    for name, (doc, key) in SANDBOX_COUNTERS.items():
+        c = CounterMetricFamily(name, doc, labels=["agent"])
+        for agent, row in sandboxes.items():
+            c.add_metric([agent], float(row[key]))
+        yield c
+    start = GaugeMetricFamily(
+        "farm_sandbox_start_seconds",
+        "Sandbox start latency: quantile 0.5 the median of the workers' p50s, 0.99 the worst worker's p99.",
+        labels=["agent", "quantile"],
+    )
+    for agent, row in sandboxes.items():
+        for q, key in (("0.5", "start_p50_s"), ("0.99", "start_p99_s")):
+            value = row[key]
+            start.add_metric([agent, q], float(value) if value is not None else float("nan"))
+    yield start
 
 
 JUDGE_COUNTERS = {
