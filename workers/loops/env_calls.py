@@ -67,7 +67,11 @@ class EnvironmentAgent:
             try:
                 await self.env.aclose()
             finally:
-                await close_judges()
+                try:
+                    if self.sandboxes is not None:
+                        await self.sandboxes.aclose()
+                finally:
+                    await close_judges()
 
 
 async def close_judges() -> None:

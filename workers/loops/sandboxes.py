@@ -113,6 +113,12 @@ class Tracked:
     async def remove(self, sandbox_id: str) -> None:
         await self.backend.remove(sandbox_id)
 
+    async def aclose(self) -> None:
+        """The backend's own connections (the docker backend's pool), when the worker stops."""
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()
+
 
 class _Counted:
     """A started sandbox that counts itself out of `running` when closed (once)."""
