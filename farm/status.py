@@ -65,6 +65,7 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
     """Tables that fit 80 columns: per agent, each agent's runs, then live workers (ids shortened to fit)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     if where:
@@ -99,8 +100,8 @@ def render_status(status: dict, *, where: str = "", console=None) -> None:
         )
     for info in sorted(status["workers"], key=lambda x: x.get("worker_id", "")):
         w.add_row(
-            str(info.get("worker_id", "?")),
-            str(info.get("agent", "?")),
+            Text(str(info.get("worker_id", "?"))),  # from a heartbeat: as text, never as console markup
+            Text(str(info.get("agent", "?"))),
             *(_n(info.get(k, 0)) for k in ("concurrency", "inflight", "done", "failed")),
         )
     console.print(w)
