@@ -3,14 +3,18 @@ Playwright with executable_path), against a farm with work in flight.
 
 It checks the agents and numbers the overview shows and that they refresh, opens a sampled
 rollout, shows that a rollout holding HTML renders as text, and requeues a dead letter with
-the token after being refused without it. FARM_UPDATE_SCREENSHOT=1 also writes the
+the token after being refused without it; a sandboxed agent's sandboxes show in their own table
+(from a heartbeat written here in the shape SandboxStats.snapshot makes: a real sandbox needs
+Docker or root). FARM_UPDATE_SCREENSHOT=1 also writes the
 overview's screenshot to docs/dashboard.png (the one docs/dashboard.md shows).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
 
 import pytest
 import redis
@@ -18,6 +22,7 @@ import redis
 from farm import history
 from farm.client import FarmClient
 from farm.dashboard import data
+from workers.loops.sandboxes import SandboxStats
 
 from conftest import ROOT, browser_path, farm_process, free_port, make_settings, page_ready, stop_all, wait_for
 
@@ -88,6 +93,10 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
             return agents["flaky"]["failure_rate"] == 1.0 and agents["noop"]["rollouts"] == 7
 
         wait_for(counted, timeout=30, what="the history counts")
+        boxes = SandboxStats(starting=1, running=3, started=12, start_failed=2, infrastructure=1)
+        boxes.start_s.extend([0.4, 0.6, 1.5])
+        beat = {"worker_id": "boxed-1", "agent": "boxed", "pid": 1, "host": "h", "concurrency": 4, "ts": time.time()}
+        r.set(settings.keys.worker("boxed-1"), json.dumps({**beat, "sandboxes": boxes.snapshot()}), ex=300)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1500, "height": 700})
@@ -125,6 +134,10 @@ def test_the_dashboard_in_a_real_browser(redis_url, namespace, tmp_path):
             assert {run: run_cells("idle", run) for run in runs_shown} == runs_shown, "as the refresh writes them"
             assert run_cells("slow", "web")[1:] == ("3", "2")
             assert "cancelled/min" in page.inner_text("#overview thead")
+            shown = ("running", "started", "start_failed", "infrastructure", "start_p50_s", "start_p99_s")
+            boxed = [page.inner_text(f'#sandboxes tr[data-agent="boxed"] td[data-k="{k}"]') for k in shown]
+            assert boxed == ["3", "12", "2", "1", "0.60", "1.50"], "as the refresh writes them"
+            assert len(page.query_selector_all("#sandboxes tbody tr")) == 1, "only the agent with sandboxes"
             page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
             if os.environ.get("FARM_UPDATE_SCREENSHOT"):
                 page.screenshot(path=str(ROOT / "docs" / "dashboard.png"), full_page=True)
