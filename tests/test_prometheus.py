@@ -4,7 +4,9 @@ deploy/monitoring gets data back through its HTTP API; promtool accepts the ship
 The farm is made to show every condition the alerts watch for: an agent with a growing
 backlog and no worker (two runs with shares 1 and 3, for the per-run panels), an agent whose
 rollouts all fail (dead letters rising, some as policy errors), and a healthy one, served by
-`farm worker` processes, one with --metrics-port. Tasks are submitted through FarmClient.
+`farm worker` processes, one with --metrics-port. Tasks are submitted through FarmClient. A
+sandboxed agent's worker is its heartbeat alone, written here as SandboxStats.snapshot makes it
+(a real sandbox needs Docker or root), for the sandbox panels and series.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from helpers.waiting import wait_for
 
 from farm.client import FarmClient
 from farm.embedded import free_port
+from workers.loops.sandboxes import SandboxStats
 
 MONITORING = ROOT / "deploy" / "monitoring"
 pytestmark = pytest.mark.slow
@@ -125,6 +128,10 @@ def test_every_panel_and_alert_gets_data_from_a_real_prometheus(redis_url, names
     feeder = threading.Thread(target=lambda: asyncio.run(submit_until_stopped()), daemon=True)
     r = redis.Redis.from_url(redis_url)
     r.hincrby(settings.keys.stats("idle"), "cancelled", 5)  # as the settle of 5 cancelled tasks counts them
+    boxes = SandboxStats(starting=1, running=3, started=12, start_failed=2, infrastructure=1)
+    boxes.start_s.extend([0.4, 0.6, 1.5])
+    beat = {"worker_id": "boxed-1", "agent": "boxed", "ts": time.time(), "sandboxes": boxes.snapshot()}
+    r.set(settings.keys.worker("boxed-1"), json.dumps(beat), ex=600)
     r.close()
     try:
         feeder.start()
@@ -142,6 +149,19 @@ def test_every_panel_and_alert_gets_data_from_a_real_prometheus(redis_url, names
         assert shares == {"prom": "1", "eval": "3"}
         (worker,) = query(prom, 'farm_worker_tasks_total{agent="noop",outcome="cancelled"}')
         assert worker["value"][1] == "0", "the worker with --metrics-port counts its cancelled tasks"
+        sandboxes = {
+            'farm_sandboxes{agent="boxed",state="running"}': "3",
+            'farm_sandboxes{agent="boxed",state="starting"}': "1",
+            'farm_sandbox_starts_total{agent="boxed"}': "12",
+            'farm_sandbox_start_failures_total{agent="boxed"}': "2",
+            'farm_sandbox_infrastructure_failures_total{agent="boxed"}': "1",
+            'farm_sandbox_start_seconds{agent="boxed",quantile="0.5"}': "0.6",
+            'farm_sandbox_start_seconds{agent="boxed",quantile="0.99"}': "1.5",
+        }
+        assert {expr: [x["value"][1] for x in query(prom, expr)] for expr in sandboxes} == {
+            expr: [value] for expr, value in sandboxes.items()
+        }
+        assert not query(prom, 'farm_sandboxes{agent="noop"}'), "no sandboxes on noop's workers: no series"
     finally:
         stop.set()
         feeder.join(10)
