@@ -318,6 +318,16 @@ def test_the_start_weights_are_pushed_as_version_0_before_the_first_rollout(
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["policy_version"] == 1 and summary["global_step"] == 1
     assert "staleness 0.0 (max 0)" in err and "rollouts v0" in err
+    # Where things are: the run id said at start, one metrics line per step (no TRL dict, no blank
+    # line), the final weights named (the last sync's: no second copy, and no TRL checkpoint, which
+    # save_steps 1000 does not ask for), and the run's result stream set to expire.
+    final = tmp_path / "out" / "policy" / "v1"
+    assert "run run1 (the run id of `farm status` and the dashboard): 1 steps" in err
+    assert [line.split(":")[0] for line in out.splitlines()] == ["[train] step 1 of 1", '{"run_id"']
+    assert summary["run_id"] == "run1" and summary["final_weights"] == str(final)
+    assert f"run run1 done: 1 steps, policy v1; final weights at {final}" in err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["farm_summary.json", "policy"]
+    assert 0 < sync_redis.ttl(settings.keys.results("run1")) <= 3600
 
 
 # -- clean stops -----------------------------------------------------------------------------------

@@ -44,10 +44,16 @@ def test_the_config_comments_make_the_rows_it_ships(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_farm_train_embedded_runs_two_steps_of_the_shipped_config(tmp_path):
+def test_farm_train_embedded_runs_two_steps_of_the_shipped_config(tmp_path, model_dir):
+    """The model is the one under FARM_DATA_DIR (the config names it by its bare name), vLLM listens on
+    the port --policy-port pins, and the run ends naming its final weights, the last pushed version,
+    with no TRL checkpoint and no second copy of the weights in output_dir."""
     (command,) = [c for c in comment_commands("farm train ") if "--embedded" in c]
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    (tmp_path / "data" / "models").mkdir(parents=True)
+    (tmp_path / "data" / "models" / model_dir.name).symlink_to(model_dir)  # prepared: not made again
     namespace = f"emb{os.getpid()}"
+    port = free_port("127.0.0.1")
     env = farm_env(
         tmp_path,
         FARM_DATA_DIR=str(tmp_path / "data"),
@@ -57,7 +63,7 @@ def test_farm_train_embedded_runs_two_steps_of_the_shipped_config(tmp_path):
     )
     started = time.monotonic()
     proc = subprocess.run(
-        command + " --max-steps 2",
+        command + f" --max-steps 2 --policy-port {port}",
         shell=True,
         cwd=tmp_path,
         env=env,
@@ -70,7 +76,11 @@ def test_farm_train_embedded_runs_two_steps_of_the_shipped_config(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["global_step"] == 2 and summary["policy_version"] == 2 and summary["syncs"] == 2
     out = tmp_path / "outputs" / "farm_multi_env"
-    assert (out / "model.safetensors").is_file() and sorted(p.name for p in (out / "policy").iterdir()) == ["v2"]
+    assert sorted(p.name for p in (out / "policy").iterdir()) == ["v2"]
+    assert summary["final_weights"] == "outputs/farm_multi_env/policy/v2" and (out / "policy" / "v2").is_dir()
+    assert sorted(p.name for p in out.iterdir()) == ["farm_summary.json", "policy"]
+    assert f"starting vLLM on http://127.0.0.1:{port} " in proc.stderr
+    assert (tmp_path / "data" / "models" / model_dir.name).is_symlink()  # no second copy prepared
     assert "policy v0 = the trainer's start weights, pushed to the servers" in proc.stderr
     logs = tmp_path / "data" / "logs"
     assert {p.name for p in logs.glob("train-worker-*.log")} == {

@@ -202,21 +202,23 @@ def test_embedded_workers_stream_when_the_run_keeps_partial_rollouts(tmp_path, m
     from trainer.config import TrainConfig
     from workers.supervise import stack
 
-    seen = []
+    seen, ports = [], []
 
     @contextlib.contextmanager
     def local_stack(settings, pools, policy, env, log_prefix):
         seen.append(env)
+        ports.append(policy.port)
         yield type("Started", (), {"settings": settings})()
 
     monkeypatch.setattr(stack, "LocalStack", local_stack)
-    monkeypatch.setattr(launch, "served_model", lambda cfg: "m")
+    monkeypatch.setattr(launch, "served_model", lambda cfg, settings: "m")
     base = dict(model_name="m", dataset_path=str(tmp_path / "rows.jsonl"), output_dir=str(tmp_path))
     for partial in (True, False):
         cfg = TrainConfig(**base, partial_rollouts=partial)
-        with launch.embedded_farm(Settings(), cfg, ["noop"], launch.Embedded()):
+        with launch.embedded_farm(Settings(), cfg, ["noop"], launch.Embedded(policy_port=8123 if partial else 0)):
             pass
     assert seen == [{"FARM_POLICY_STREAM": "1"}, {}]
+    assert ports == [8123, 0]  # `farm train --embedded --policy-port 8123` pins vLLM's port; 0 takes a free one
 
 
 def test_example_configs_load():

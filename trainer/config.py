@@ -32,6 +32,7 @@ row the run stops (trainer/rollout.py).
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -45,6 +46,7 @@ __all__ = [
     "check_trl_keys",
     "grpo_args",
     "load_train_config",
+    "model_path",
     "refused_key",
 ]
 
@@ -110,6 +112,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The farm's trainer-side knobs.
     rollout_timeout_s: float = 600.0  # wait this long for a batch; missing rollouts become failures
     run_id: Optional[str] = None  # the result stream; default: <task>-<random>
+    results_ttl_s: float = 3600.0  # the run's result stream expires this long after the run ends
     weight_sync: Literal["reload", "none"] = "reload"  # reload: push weights into the farm's vLLM servers
     weight_sync_steps: int = 1  # sync (and bump the policy version) every K optimizer steps
     weights_dir: Optional[str] = None  # where synced weights are saved (default <output_dir>/policy)
@@ -142,6 +145,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"mask_stale_tokens must be >= 0 (versions), got {self.mask_stale_tokens}")
         if self.rollout_timeout_s <= 0:
             raise ValueError("rollout_timeout_s must be > 0")
+        if not self.results_ttl_s >= 1:  # NaN included
+            raise ValueError(f"results_ttl_s must be >= 1 (seconds), got {self.results_ttl_s}")
         if not self.oversample >= 1.0:  # NaN included
             raise ValueError(f"oversample must be >= 1.0, got {self.oversample}")
         if not 0 < self.share <= 1e6:  # NaN included
@@ -166,6 +171,19 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     @property
     def weights_path(self) -> Path:
         return Path(self.weights_dir or Path(self.output_dir) / "policy")
+
+
+def model_path(model_name: str, data_path: Path) -> str:
+    """Where model_name loads from: a local directory as it is (~ expanded); a bare name (no `/`) that
+    is the model the farm prepares, or a directory under <data_dir>/models, is that directory there,
+    so FARM_DATA_DIR moves it as it moves `farm policy serve`'s; anything else is a hub id."""
+    name = os.path.expanduser(model_name)
+    if os.path.isdir(name) or "/" in model_name or model_name.startswith("~"):
+        return name
+    from workers.policy.serving import MODEL_NAME
+
+    prepared = data_path / "models" / model_name
+    return str(prepared) if model_name == MODEL_NAME or prepared.is_dir() else model_name
 
 
 def load_train_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> TrainConfig:

@@ -14,7 +14,6 @@ stack is stopped on the way out, and nothing of the run stays queued.
 
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +22,16 @@ from typing import Iterator, Optional
 from farm.errors import ConfigError, UnknownAgent
 from farm.settings import Settings
 from trainer import preflight
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, model_path
 from trainer.stops import Interrupted, StopRun, StopSignals, stop_line
 
 
-def served_model(cfg: TrainConfig) -> Path:
-    """The directory the embedded vLLM serves: model_name, which must be local (SmolLM2 is prepared)."""
+def served_model(cfg: TrainConfig, settings: Settings) -> Path:
+    """The directory the embedded vLLM serves: model_name, which must be local (SmolLM2 is prepared,
+    in <data_dir>/models for the shipped configs' bare name)."""
     from workers.policy.serving import MODEL_NAME, prepare_model
 
-    path = Path(os.path.expanduser(cfg.model_name))
+    path = Path(model_path(cfg.model_name, settings.data_path))
     if path.is_dir():
         return path
     if path.name == MODEL_NAME:  # the shipped configs' SmolLM2: made from its PyPI wheel, offline
@@ -45,11 +45,13 @@ def served_model(cfg: TrainConfig) -> Path:
 @dataclass(frozen=True)
 class Embedded:
     """What `farm train --embedded` starts besides the trainer: P worker processes of C rollouts per
-    agent; `config` is the settings file the workers read too (the training YAML's `farm:` section)."""
+    agent; `config` is the settings file the workers read too (the training YAML's `farm:` section);
+    `policy_port` the port vLLM listens on (0: a free one)."""
 
     processes: int = 1
     concurrency: Optional[int] = None
     config: Optional[str] = None
+    policy_port: int = 0
 
 
 @contextmanager
@@ -61,7 +63,8 @@ def embedded_farm(settings: Settings, cfg: TrainConfig, agents: list[str], spec:
     unknown = sorted(set(agents) - known_agents(settings))
     if unknown:
         raise UnknownAgent(f"unknown agent(s) {', '.join(unknown)} in {cfg.dataset_path}: nothing was started")
-    serve = ServePolicy(model=served_model(cfg), log_name="vllm-train.log", weight_sync=True)
+    model = served_model(cfg, settings)
+    serve = ServePolicy(model=model, port=spec.policy_port, log_name="vllm-train.log", weight_sync=True)
     pools = [Pool(agent, spec.processes, spec.concurrency) for agent in agents]
     env = {"FARM_CONFIG": str(Path(spec.config).resolve())} if spec.config else {}
     if cfg.partial_rollouts:  # the workers stream, so a turn an interrupt cuts keeps its tokens

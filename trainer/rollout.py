@@ -25,8 +25,8 @@ rollout is never returned to TRL (no optimizer step, no weight sync): the prompt
 again, up to `max_unusable_batches` batches, then the run stops (UnusableBatches); at once
 (NoLiveWorker, exit 5) when an agent whose rollouts failed has no live worker. A rollout in several
 token segments (a harness that edited its history) is masked here and counted as
-`farm/multi_segment_masked`; the async adapter trains segments as samples. The asyncio client runs
-on trainer/loop_thread.py's loop, so its connection persists from step to step.
+`farm/multi_segment_masked`; the async adapter trains segments as samples. The client runs on
+trainer/loop_thread.py's loop; `close()` sets the run's result stream to expire (`results_ttl_s`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import uuid
 from typing import Any, AsyncGenerator, Callable, Iterable, Optional, cast
 
 import msgspec
+from redis.exceptions import RedisError
 
 from farm.client import FarmClient
 from farm.errors import EXIT_UNKNOWN_AGENT, FarmError, TransportError
@@ -108,11 +109,9 @@ class FarmRollout:
                 "oversample > 1 and drop_zero_variance_groups submit groups beyond TRL's prompts: "
                 "pass spare_rows (the training rows) to draw them from"
             )
-        self.settings = settings
-        self.tokenizer = tokenizer
+        self.settings, self.tokenizer = settings, tokenizer
         self.run_id = run_id or f"train-{uuid.uuid4().hex[:8]}"
-        self.timeout_s = timeout_s
-        self.num_generations = num_generations
+        self.timeout_s, self.num_generations = timeout_s, num_generations
         self.sampling = sampling or Sampling()
         self.oversample, self.max_refills = oversample, max_refills
         self.drop_zero_variance_groups = drop_zero_variance_groups
@@ -130,8 +129,7 @@ class FarmRollout:
         self.step = 0  # the optimizer step being generated for (TRL's global_step + 1)
         self.version = 0
         self.batches: list[Batch] = []
-        self.keep_batches = keep_batches
-        self._calls = 0
+        self.keep_batches, self._calls = keep_batches, 0
         self._loop = LoopThread()
         factory = client_factory or FarmClient
         self.client: FarmClient = self._loop.run(self._make(factory))
@@ -384,9 +382,15 @@ class FarmRollout:
         except TransportError as exc:
             return f"could not cancel run {self.run_id}: {exc}"
 
-    def close(self) -> None:
+    def close(self, results_ttl_s: Optional[float] = 3600.0) -> None:
+        """Close the client; the run's result stream (late rollouts) expires `results_ttl_s` later."""
+        key = self.client.keys.results(self.run_id)
         try:
+            if results_ttl_s is not None:
+                self._loop.run(self.client.r.expire(key, max(1, int(results_ttl_s))))
             self._loop.run(self.client.aclose())
+        except (RedisError, OSError) as exc:
+            log.warning("could not set the expiry of %s (%s): it stays until deleted", key, exc)
         finally:
             self._loop.stop()
 

@@ -27,13 +27,14 @@ from farm.errors import ConfigError
 from farm.policy_version import announce_live, announce_loading
 from farm.settings import Settings
 from farm.transport import redact
-from trainer.config import TrainConfig, grpo_args
+from trainer.config import TrainConfig, grpo_args, model_path
 from trainer.rollout import FarmRollout, env_reward
 from trainer.stops import Interrupted, StopRun, StopSignals, held_signals, stop_line
 from trainer.weights import NoSync, SyncResult, VllmReload, WeightSync
 
 __all__ = [
     "ConsoleMetrics",
+    "SaveAsAsked",
     "WeightSyncCallback",
     "build_trainer",
     "load_rows",
@@ -169,17 +170,30 @@ def _announcing(settings: Settings, redis_url: Optional[str], namespace: Optiona
     return settings
 
 
+class SaveAsAsked(_callback_base()):
+    """Transformers saves a checkpoint (weights and optimizer state: 1.6 GB for a 135M model) at the
+    last step whatever save_steps says; this keeps to save_steps: checkpoints at its multiples only."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        every = args.save_steps
+        if control.should_save and args.save_strategy == "steps" and every >= 1 and state.global_step % int(every):
+            control.should_save = False
+
+
 class ConsoleMetrics(_callback_base()):
-    """Print the farm's per-step numbers with TRL's loss/reward, whatever the reporter is."""
+    """One line per step on stdout: the farm's numbers with TRL's loss, grad norm and reward, whatever
+    the reporter is. `farm train` removes TRL's own printers (a dict per step, and a progress bar
+    whose redraws split the log lines), so this is the one."""
+
+    PREFIXES = ("farm/", "reward", "loss", "grad_norm", "rewards/", "kl", "sampling/importance_sampling_ratio/mean")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or not state.is_world_process_zero:
             return
-        prefixes = ("farm/", "reward", "loss", "rewards/", "kl", "sampling/importance_sampling_ratio/mean")
-        keep = {k: v for k, v in logs.items() if k.startswith(prefixes)}
+        keep = {k: v for k, v in logs.items() if k.startswith(self.PREFIXES)}
         if keep:
             print(
-                f"[train] step {state.global_step}: "
+                f"[train] step {state.global_step} of {state.max_steps}: "
                 + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(keep.items())),
                 flush=True,
             )
@@ -203,19 +217,19 @@ def build_trainer(
     from trainer.grpo import FarmGRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    run_id = cfg.run_id or f"{cfg.task}-{uuid.uuid4().hex[:8]}"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one result stream per rank: readers delete what they read
+        run_id += f"-r{os.environ.get('RANK', '0')}"
+    name = model_path(cfg.model_name, settings.data_path)  # a local directory, or a hub id
+    log.info("run %s (the run id of `farm status` and the dashboard): %d steps of %s", run_id, cfg.max_steps, name)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    name = os.path.expanduser(cfg.model_name)
-    name = name if os.path.isdir(name) else cfg.model_name  # a local directory, or a hub id
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
     model = model or AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16 if cfg.bf16 else torch.float32)
     args = grpo_args(cfg, **grpo_overrides)
     train_rows = load_rows(os.path.expanduser(cfg.dataset_path))
     train_ds = to_dataset(train_rows)
     eval_ds = to_dataset(load_rows(os.path.expanduser(cfg.eval_dataset_path))) if cfg.eval_dataset_path else None
-    run_id = cfg.run_id or f"{cfg.task}-{uuid.uuid4().hex[:8]}"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one result stream per rank: readers delete what they read
-        run_id += f"-r{os.environ.get('RANK', '0')}"
     rollout = FarmRollout(
         settings,
         tokenizer=tokenizer,
@@ -253,10 +267,14 @@ def build_trainer(
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         rollout_func=rollout,
-        callbacks=[sync_cb, ConsoleMetrics(), *callbacks],
+        callbacks=[sync_cb, ConsoleMetrics(), SaveAsAsked(), *callbacks],
         peft_config=lora_config(cfg),
     )
     sync_cb.trainer = trainer
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for printer in (ProgressCallback, PrinterCallback):  # ConsoleMetrics prints each step's one line instead
+        trainer.remove_callback(printer)
     return trainer, rollout, sync_cb
 
 
@@ -285,25 +303,45 @@ def run_train(settings: Settings, cfg: TrainConfig) -> dict:
             trainer, rollout, sync_cb = built
             out = trainer.train()
             with held_signals():
-                trainer.save_model(cfg.output_dir)
+                final = _final_weights(cfg, trainer, sync_cb)
     except StopRun as stop:
-        raise _interrupted(cfg, built, stop.signum) from None
+        raise _interrupted(settings, cfg, built, stop.signum) from None
     finally:
         if built is not None:
-            built[1].close()
+            built[1].close(cfg.results_ttl_s)
     summary = {
+        "run_id": rollout.run_id,
         "global_step": trainer.state.global_step,
         "train_loss": out.training_loss,
         "policy_version": rollout.version,
         "syncs": len(sync_cb.syncs),
         "unusable_batches": rollout.unusable_batches,
+        "final_weights": final,
     }
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / "farm_summary.json").write_text(json.dumps(summary, indent=2))
+    log.info(
+        "run %s done: %d steps, policy v%d; final weights at %s",
+        rollout.run_id,
+        trainer.state.global_step,
+        rollout.version,
+        final,
+    )
     return summary
 
 
-def _interrupted(cfg: TrainConfig, built: Optional[tuple], signum: int) -> Interrupted:
+def _final_weights(cfg: TrainConfig, trainer, sync_cb: WeightSyncCallback) -> str:
+    """The directory holding the weights the run ended with: the last weight sync's when it pushed the
+    last step's weights (LoRA merged in; no second copy is written), else TRL's save of the model in
+    output_dir (with LoRA, its adapters)."""
+    last = sync_cb.syncs[-1] if sync_cb.syncs else None
+    if last is not None and last.path and trainer.state.global_step % cfg.weight_sync_steps == 0:
+        return str(last.path)
+    trainer.save_model(cfg.output_dir)
+    return cfg.output_dir
+
+
+def _interrupted(settings: Settings, cfg: TrainConfig, built: Optional[tuple], signum: int) -> Interrupted:
     """Cancel what the run still has queued or running; the one line that says where it stopped."""
     if built is None:  # stopped while the model loaded: nothing submitted, nothing pushed
         return Interrupted(stop_line(0, cfg.max_steps, None, None), signum)
@@ -311,5 +349,6 @@ def _interrupted(cfg: TrainConfig, built: Optional[tuple], signum: int) -> Inter
     with held_signals():
         log.info("%s", rollout.cancel_run())
     step = min(trainer.state.global_step + 1, cfg.max_steps)
-    weights = sync_cb.last_weights or (os.path.expanduser(cfg.model_name) if rollout.version == 0 else None)
+    start = model_path(cfg.model_name, settings.data_path) if rollout.version == 0 else None
+    weights = sync_cb.last_weights or start
     return Interrupted(stop_line(step, cfg.max_steps, weights, rollout.version), signum)

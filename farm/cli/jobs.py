@@ -194,9 +194,15 @@ def collect(
 )
 @click.option("--workers", type=COUNT, default=1, show_default=True, help="worker processes per agent with --embedded.")
 @click.option("--worker-concurrency", type=COUNT, default=None, help="rollouts per worker process with --embedded.")
+@click.option(
+    "--policy-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="the port the vLLM of --embedded listens on (default: a free one).",
+)
 @click.option("--max-steps", type=COUNT, default=None, help="override the config's max_steps.")
 @pass_globals
-def train(g: Globals, train_config, embedded, workers, worker_concurrency, max_steps) -> int:
+def train(g: Globals, train_config, embedded, workers, worker_concurrency, policy_port, max_steps) -> int:
     """GRPO with TRL on rollouts from the farm: pre-flight checks, then training with weight sync."""
     from farm.settings import read_yaml_mapping
     from trainer.config import load_train_config
@@ -207,7 +213,9 @@ def train(g: Globals, train_config, embedded, workers, worker_concurrency, max_s
     # The farm's settings: the global --config, else the training file's `farm:` section, else defaults.
     own = g.config or (train_config if "farm" in read_yaml_mapping(train_config) else None)
     settings = load_settings(own, overrides=g.overrides)
-    spec = Embedded(workers, worker_concurrency, own) if embedded else None
+    if policy_port and not embedded:
+        raise click.UsageError("--policy-port is the port of the vLLM --embedded starts: add --embedded")
+    spec = Embedded(workers, worker_concurrency, own, policy_port) if embedded else None
     click.echo(json.dumps(run(settings, cfg, spec)))
     return 0
 
