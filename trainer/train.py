@@ -28,6 +28,7 @@ from farm.policy_version import announce_live, announce_loading
 from farm.settings import Settings
 from farm.transport import redact
 from trainer.config import TrainConfig, grpo_args, model_path
+from trainer.flat import FlatSteps
 from trainer.rollout import FarmRollout, env_reward
 from trainer.stops import Interrupted, StopRun, StopSignals, held_signals, stop_line
 from trainer.weights import NoSync, SyncResult, VllmReload, WeightSync
@@ -267,7 +268,7 @@ def build_trainer(
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         rollout_func=rollout,
-        callbacks=[sync_cb, ConsoleMetrics(), SaveAsAsked(), *callbacks],
+        callbacks=[sync_cb, ConsoleMetrics(), FlatSteps(rollout), SaveAsAsked(), *callbacks],
         peft_config=lora_config(cfg),
     )
     sync_cb.trainer = trainer
