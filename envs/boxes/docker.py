@@ -22,7 +22,8 @@ What a container gets (`start`):
 What is killed, when (by a shell script run as root inside the container, built-ins only in its
 scan, repeated until nothing is left):
 - exec timeout, or the exec's task cancelled: the command's session (each exec is its own session,
-  its leader's pid learned from the wrapper's first output line) and every process descended from
+  its leader's pid learned from the wrapper's first output line; before that line arrives,
+  everything but PID 1 and the lifetime sleep) and every process descended from
   one of them while its parent lives, even one that called setsid. A process that left the session
   and whose parent has died (a deliberate daemon: double fork + setsid) is not found; `kill_all`
   is what ends those;
@@ -167,7 +168,10 @@ class DockerSandbox:
                 return
         except SandboxError:
             pass
-        await self.close()
+        try:
+            await self.close()
+        except SandboxError:
+            pass  # the daemon is gone too; the container's lifetime still ends it
 
     async def _kill(self, session: int) -> Optional[int]:
         argv = ["/bin/sh", "-c", KILL, "farm-kill", str(session), "1" if self._init else "0"]

@@ -159,8 +159,12 @@ class Output:
             self.head += chunk
             if b"\n" not in self.head:
                 return
-            line, _, chunk = bytes(self.head).partition(b"\n")
-            self.pid = int(line) if line.strip().isdigit() else 0
+            line, _, rest = bytes(self.head).partition(b"\n")
+            # Not a pid: the wrapper never ran and this is the runtime's reason (e.g. no such cwd).
+            if line.strip().isdigit():
+                self.pid, chunk = int(line), rest
+            else:
+                self.pid, chunk, stream = 0, bytes(self.head), STDERR
         if stream not in self.kept:
             stream = STDERR
         room = self.limit - len(self.kept[stream])
