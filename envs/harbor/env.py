@@ -232,7 +232,7 @@ class Harbor(Environment):
             reward, components = await _reward(box, task, result)
         except SandboxError as exc:
             raise RolloutFailure(ErrorKind.infrastructure, f"task {task.name}: the sandbox failed: {exc}") from None
-        metrics = {"task": task.name, "tier": task.tier, "verifier_exit_code": result.exit_code}
+        metrics = {"task": task.name, "tier": row.tier or task.tier, "verifier_exit_code": result.exit_code}
         metrics["verifier_s"] = round(time.monotonic() - t0, 3)
         return Verdict(reward=reward, components=components, metrics=metrics)
 

@@ -1,0 +1,185 @@
+"""Harbor tasks through the farm: real `farm worker` processes, real sandboxes, the tasks' own tests.
+
+The suite's oracle scores 1 and its nop 0 through the whole rollout path (rows, the task stream, a
+sandbox per rollout started and removed, test.sh as the verifier, the settle); tasks that attack
+their sandbox (a fork bomb, a disk fill, an agent that never stops and leaves a process writing)
+end with their reason while the worker's other rollouts go on; a verifier that writes no reward
+and a sandbox that cannot start are failures with a kind, never a 0; and no sandbox is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers.docker import docker, need_base_image
+from helpers.processes import stop
+from helpers.workers import spawn_worker
+
+from envs.harbor.rows import suite_rows
+from envs.harbor.task import SUITE_DIR
+from farm.client import FarmClient
+
+pytestmark = pytest.mark.slow
+
+TOML = """\
+schema_version = "1.4"
+[metadata]
+difficulty = "test"
+[agent]
+timeout_sec = {agent}
+[verifier]
+timeout_sec = {verifier}
+[environment]
+cpus = 1
+memory_mb = 256
+storage_mb = 64
+network_mode = "no-network"
+workdir = "/app"
+{extra}
+"""
+# 1 when /app/ticks has lines and stops growing: nothing the agent started still runs.
+STOPPED = (
+    "mkdir -p /logs/verifier; a=$(wc -l < /app/ticks); sleep 1; b=$(wc -l < /app/ticks)\n"
+    'if [ "$a" -gt 0 ] && [ "$a" = "$b" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n'
+)
+DOCKERFILE = "FROM rollout-farm/base:bookworm\nWORKDIR /app\n"
+PASS_IF_DONE = (
+    "mkdir -p /logs/verifier; if [ -f /app/done ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+)
+
+
+def make_task(
+    root: Path,
+    name: str,
+    solve: str,
+    test: str = PASS_IF_DONE,
+    agent: float = 20,
+    verifier: float = 20,
+    dockerfile: str | None = DOCKERFILE,
+    extra: str = "",
+) -> Path:
+    task = root / name
+    for sub in ("environment", "tests", "solution"):
+        (task / sub).mkdir(parents=True)
+    (task / "instruction.md").write_text(f"Task {name}.\n")
+    (task / "task.toml").write_text(TOML.format(agent=agent, verifier=verifier, extra=extra))
+    if dockerfile is not None:
+        (task / "environment" / "Dockerfile").write_text(dockerfile)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test)
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\n" + textwrap.dedent(solve))
+    return task
+
+
+def collect(settings, rows: list[dict], agent: str, backend: str, timeout_s: float = 240.0, concurrency: int = 4):
+    """The rows through one real `farm worker --agent <agent>` process; its rollouts by task name."""
+    proc = spawn_worker(settings, "--agent", agent, "--concurrency", str(concurrency), FARM_SANDBOX_BACKEND=backend)
+    try:
+
+        async def main():
+            async with FarmClient(settings) as client:
+                tasks = [client.task(run_id=f"harbor-{agent}", agent=agent, row=r) for r in rows]
+                got = await client.run_batch(tasks, timeout_s=timeout_s)
+            return {r["task_name"]: got[t.task_id] for r, t in zip(rows, tasks)}
+
+        got = asyncio.run(main())
+    finally:
+        out = stop(proc, timeout=90)
+    assert proc.returncode == 0, out
+    return got, out
+
+
+def left(namespace: str) -> list[str]:
+    return docker("ps", "-aq", "--filter", f"label=rollout-farm.namespace={namespace}").stdout.split()
+
+
+@pytest.fixture
+def docker_ready():
+    need_base_image()
+    return "docker"
+
+
+@pytest.mark.parametrize("agent,reward", [("harbor_oracle", 1.0), ("harbor_nop", 0.0)])
+def test_the_suites_first_tier_scores_1_with_its_oracle_and_0_with_nothing_done(settings, docker_ready, agent, reward):
+    rows = [r for r in suite_rows(SUITE_DIR, agent=agent) if r["tier"] == "tier1"]
+    got, _ = collect(settings, rows, agent, docker_ready)
+    assert {name: (r.status, r.reward) for name, r in got.items()} == {name: ("ok", reward) for name in got}
+    assert all(r.metrics["tier"] == "tier1" and r.metrics["verifier_exit_code"] is not None for r in got.values())
+    assert left(settings.namespace) == []
+
+
+def test_tasks_that_attack_their_sandbox_end_with_their_reason_and_the_others_go_on(settings, docker_ready, tmp_path):
+    """A fork bomb (pids limit), a disk fill (storage: the docker backend bounds memory and pids; the
+    disk fill ends at the agent timeout or the disk), an agent that never returns and leaves a
+    process writing (killed at the agent timeout, and before the tests run: the tests see the file
+    stop growing), beside a task that simply passes: every one ends, each with its reason."""
+    suite = tmp_path / "suite"
+    make_task(suite, "plain", "touch /app/done\n")
+    make_task(suite, "forkbomb", "bomb() { bomb | bomb & }; bomb\nsleep 2\ntouch /app/done\n", agent=8)
+    make_task(
+        suite, "diskfill", "dd if=/dev/zero of=/app/fill bs=1M count=3000 2>/dev/null\ntouch /app/done\n", agent=8
+    )
+    make_task(
+        suite,
+        "never-stops",
+        "( while true; do date >> /app/ticks; sleep 0.1; done ) &\nsleep 100000\n",
+        test=STOPPED,
+        agent=3,
+    )
+    make_task(  # returns at once, leaving a writer in a session of its own: killed before the tests run
+        suite,
+        "escapes",
+        "setsid bash -c 'while true; do date >> /app/ticks; sleep 0.1; done' >/dev/null 2>&1 < /dev/null &\nsleep 1\n",
+        test=STOPPED,
+    )
+    rows = suite_rows(suite, agent="harbor_oracle")
+    got, _ = collect(settings, rows, "harbor_oracle", docker_ready, timeout_s=180)
+    assert got["plain"].status == "ok" and got["plain"].reward == 1.0
+    assert got["escapes"].status == "ok" and got["escapes"].reward == 1.0, got["escapes"]
+    assert got["escapes"].metrics["oracle_timed_out"] is False
+    # The agent's processes were killed at its timeout and before the tests ran: nothing kept writing.
+    assert got["never-stops"].status == "ok" and got["never-stops"].reward == 1.0, got["never-stops"]
+    assert got["never-stops"].metrics["oracle_timed_out"] is True
+    for name in ("forkbomb", "diskfill"):
+        assert got[name].status == "ok" and got[name].reward in (0.0, 1.0), (name, got[name])
+    assert left(settings.namespace) == []
+
+
+def test_no_reward_file_and_a_sandbox_that_cannot_start_are_failures_never_a_zero(settings, docker_ready, tmp_path):
+    suite = tmp_path / "suite"
+    make_task(suite, "no-reward", "touch /app/done\n", test="echo 'the checks crashed' >&2; exit 3\n")
+    make_task(suite, "slow-tests", "touch /app/done\n", test="sleep 60\n", verifier=2)
+    make_task(suite, "no-image", "true\n", dockerfile=None, extra='docker_image = "rollout-farm/absent:none"')
+    make_task(suite, "no-build", "true\n", dockerfile=DOCKERFILE + "RUN exit 7\n")
+    rows = suite_rows(suite, agent="harbor_oracle")
+    got, out = collect(settings, rows, "harbor_oracle", docker_ready, timeout_s=180)
+    kinds = {name: (r.status, r.error.kind if r.error else None) for name, r in got.items()}
+    assert kinds == {
+        "no-reward": ("failed", "verifier"),
+        "slow-tests": ("failed", "verifier"),
+        "no-image": ("failed", "infrastructure"),
+        "no-build": ("failed", "infrastructure"),
+    }
+    assert all(r.reward is None for r in got.values())
+    assert "the checks crashed" in got["no-reward"].error.message
+    assert "ran past 2s" in got["slow-tests"].error.message
+    assert "2 tries" in got["no-image"].error.message
+    assert left(settings.namespace) == []
+
+
+def test_a_worker_without_a_docker_daemon_says_so_in_one_line_and_exits_3(settings):
+    proc = spawn_worker(
+        settings, "--agent", "harbor_oracle", FARM_SANDBOX_BACKEND="docker", DOCKER_HOST="unix:///nonexistent.sock"
+    )
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise AssertionError("the worker did not stop on its own without a daemon") from None
+    assert proc.returncode == 3, out
+    assert "docker" in out and "Traceback" not in out
+    lines = [line for line in out.splitlines() if "docker" in line]
+    assert len(lines) == 1 and "daemon" in lines[0], out
