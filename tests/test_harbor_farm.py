@@ -10,7 +10,9 @@ and a sandbox that cannot start are failures with a kind, never a 0; and no sand
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -183,3 +185,32 @@ def test_a_worker_without_a_docker_daemon_says_so_in_one_line_and_exits_3(settin
     assert "docker" in out and "Traceback" not in out
     lines = [line for line in out.splitlines() if "docker" in line]
     assert len(lines) == 1 and "daemon" in lines[0], out
+
+
+def test_data_generate_build_names_a_dockerfile_that_does_not_build_in_one_line(docker_ready, tmp_path):
+    suite = tmp_path / "suite"
+    make_task(suite, "good", "true\n")
+    make_task(suite, "bad-build", "true\n", dockerfile=DOCKERFILE + "RUN echo broken && exit 7\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "farm",
+            "data",
+            "generate",
+            "harbor",
+            "--tasks",
+            str(suite),
+            "-o",
+            str(tmp_path / "r.jsonl"),
+            "--build",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, FARM_SANDBOX_BACKEND=docker_ready),
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    named = [line for line in done.stderr.splitlines() if line.startswith("farm: ")]
+    assert len(named) == 2 and "bad-build" in named[0] and "does not build" in named[0], done.stderr
+    assert "Traceback" not in done.stderr

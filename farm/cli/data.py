@@ -42,6 +42,11 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.option(
     "--tasks", default=None, metavar="DIR", help="harbor: the suite of task directories (default: the project's)."
 )
+@click.option(
+    "--build",
+    is_flag=True,
+    help="harbor: build every task's image now with sandbox_backend; a Dockerfile that does not build is named.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="random seed.")
 @click.option("--agent", default=None, help="agent_ref name of every row (default: the environment's name).")
 @click.option("-o", "--output", required=True, help="JSONL file to write ('-': stdout).")
@@ -52,12 +57,33 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
     metavar="KEY=VALUE",
     help="an environment option (JSON values: --option tasks='[\"leg_counting\"]'); repeatable.",
 )
-def data_generate(env, size, tasks, seed, agent, output, env_options) -> int:
+@pass_globals
+def data_generate(g: Globals, env, size, build, tasks, seed, agent, output, env_options) -> int:
     """Rows from an environment's generator, deterministic by seed."""
     from envs import data as data_mod
 
     data_mod.run_generate(env, size, seed, output, agent=agent, options=_options(env_options), tasks=tasks)
+    if build:
+        _build_images(g, output)
     return 0
+
+
+def _build_images(g: Globals, output: str) -> None:
+    """`--build`: every task's image of the rows just written, built by the sandbox backend."""
+    import asyncio
+
+    from farm.errors import ConfigError
+    from workers.loops.sandboxes import build_images, make_backend
+
+    if output == "-":
+        raise ConfigError("--build needs the rows in a file (-o FILE)")
+    with open(output) as f:
+        dirs = [json.loads(line)["task_dir"] for line in f if line.strip()]
+    errors = asyncio.run(build_images(make_backend(g.settings()), dirs, lambda line: click.echo(line, err=True)))
+    for line in errors:
+        click.echo(f"farm: {line}", err=True)
+    if errors:
+        raise ConfigError(f"{len(errors)} task image(s) do not build (rows written to {output})")
 
 
 @data.command("prepare", epilog="Example:\n\n  farm data prepare nemo_rows.jsonl --agent mcqa -o rows.jsonl")

@@ -184,3 +184,26 @@ async def check_backend(tracked: Tracked) -> None:
         if tracked.name == "docker" and "daemon" in str(exc):
             raise BackendUnavailable(message) from None
         raise ConfigError(message) from None
+
+
+async def build_images(tracked: Tracked, task_dirs: list[str], progress: Any = None) -> list[str]:
+    """Build the image of every Harbor task in `task_dirs` now (`farm data generate harbor --build`),
+    so a Dockerfile that does not build is named before any rollout runs: one line per broken task."""
+    from envs.harbor.task import load_task
+
+    await check_backend(tracked)
+    errors = []
+    for i, path in enumerate(sorted(set(task_dirs)), 1):
+        task = load_task(path)
+        if task.config.environment.docker_image:
+            continue
+        t0 = time.monotonic()
+        try:
+            ref = await tracked.backend.build(ImageSpec(task.environment_dir))
+        except SandboxError as exc:
+            errors.append(f"{task.path}: environment/Dockerfile does not build: {exc}")
+            continue
+        if progress is not None:
+            progress(f"[{i}/{len(set(task_dirs))}] {task.name}: {ref} ({time.monotonic() - t0:.1f}s)")
+    await tracked.aclose()
+    return errors
