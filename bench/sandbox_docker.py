@@ -5,8 +5,9 @@ namespace of its own, all removed at the end (and on Ctrl-C):
 
   start       `--starts` starts one after another, then the same count 8 at a time: p50 / p99 of
               `start()` (create + start; the container is running when it returns);
-  exec        `--execs` round trips of `true` on one idle sandbox, p50 / p99, beside the same
-              count of `docker exec` commands (a client process each) for comparison;
+  exec        `--execs` round trips of `true` on one idle sandbox, p50 / p99, beside 50
+              `docker exec` commands (a client process each) for comparison; then `--execs` execs
+              32 at a time over 8 sandboxes, both ways: execs/s and the client side's CPU per exec;
   memory      `--idle` idle sandboxes: the cgroup's memory usage per container, and the host's
               cost beside it (each container's containerd-shim RSS, dockerd + containerd growth);
   capacity    keep 4, 8, 16, ... alive (idle) and start the next batch 8 at a time; the level at
@@ -117,6 +118,41 @@ async def bench_exec(backend: DockerBackend, spec: SandboxSpec, n: int, keep: li
     return {"api": summary(api), "docker_exec_cli": summary(cli)}
 
 
+async def bench_exec_concurrent(backend: DockerBackend, spec: SandboxSpec, n: int, parallel: int, keep: list) -> dict:
+    """n execs of `true` over 8 sandboxes, `parallel` at a time: the API beside `docker exec` processes
+    (wall time, and this side's CPU per exec: this process for the API, the children for the CLI)."""
+    boxes: list = []
+    await timed_starts(backend, spec, 8, 8, boxes)
+    keep.extend(boxes)
+    gate = asyncio.Semaphore(parallel)
+
+    async def api(i: int) -> None:
+        async with gate:
+            assert (await boxes[i % 8].exec(["true"], timeout_s=120)).ok
+
+    async def cli(i: int) -> None:
+        async with gate:
+            proc = await asyncio.create_subprocess_exec("docker", "exec", boxes[i % 8].id, "true")
+            assert await proc.wait() == 0
+
+    out = {}
+    for name, one in (("api", api), ("docker_exec_cli", cli)):
+        cpu, t = os.times(), time.monotonic()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        wall, after = time.monotonic() - t, os.times()
+        used = (after.user + after.system - cpu.user - cpu.system) + (
+            after.children_user + after.children_system - cpu.children_user - cpu.children_system
+        )
+        out[name] = {
+            "execs": n,
+            "parallel": parallel,
+            "wall_s": round(wall, 2),
+            "execs_per_s": round(n / wall, 1),
+            "client_cpu_ms_per_exec": round(used / n * 1000, 2),
+        }
+    return out
+
+
 async def bench_memory(backend: DockerBackend, spec: SandboxSpec, n: int, keep: list) -> dict:
     daemons = pids_named("dockerd", "containerd")
     before = sum(rss_kb(p) for p in daemons)
@@ -188,6 +224,9 @@ async def main(args: argparse.Namespace) -> dict:
             f"exec round trip (API): {out['exec']['api']}; docker exec CLI: {out['exec']['docker_exec_cli']}",
             flush=True,
         )
+        out["exec_concurrent"] = await bench_exec_concurrent(backend, spec, args.execs, 32, keep)
+        await close_all(backend, keep)
+        print(f"exec, 32 at a time over 8 sandboxes: {out['exec_concurrent']}", flush=True)
         out["memory"] = await bench_memory(backend, spec, args.idle, keep)
         await close_all(backend, keep)
         print(f"memory per idle sandbox: {out['memory']}", flush=True)
