@@ -188,7 +188,7 @@ class LocalSandbox:
             raise SandboxError(f"{src}: more than 2 GiB to download")
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(ran.stdout), mode="r:") as tar:
-            tar.extractall(dest, filter="data")  # no absolute paths, links out of dest or devices
+            tar.extractall(dest, filter=_safe_member)
 
     # ── ending ──
     async def kill_all(self) -> None:
@@ -205,6 +205,15 @@ class LocalSandbox:
     def _expire_later(self) -> None:
         loop = asyncio.get_running_loop()
         self._expiry = loop.call_later(self.spec.lifetime_s + 1.0, lambda: asyncio.ensure_future(self.close()))
+
+
+def _safe_member(member: tarfile.TarInfo, dest: str) -> Optional[tarfile.TarInfo]:
+    """tarfile's `data` filter, but a member it refuses (an absolute link, a link or path out of
+    `dest`, a device) is skipped instead of ending the download."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError:
+        return None
 
 
 def _write_meta(path: Path, data: dict) -> None:
