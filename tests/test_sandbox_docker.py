@@ -322,7 +322,8 @@ async def test_an_unreachable_daemon_is_one_line(tmp_path):
 
 def test_aliases_map_common_bases_onto_the_base(monkeypatch):
     aliases = load_aliases(env={})
-    assert aliases == dict(DEFAULT_ALIASES)
+    assert aliases == dict(DEFAULT_ALIASES) == load_aliases({}, env={})  # an empty setting: the defaults
+    assert load_aliases(env={"FARM_SANDBOX_BASE_ALIASES": "{}"}) == {}  # the variable can map nothing
     for name in ("ubuntu:24.04", "docker.io/library/debian:bookworm-slim", "python:3.12-slim", "ubuntu"):
         assert map_base(name, aliases) == BASE, name
     assert map_base("alpine:3.19", aliases) == "alpine:3.19"

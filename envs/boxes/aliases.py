@@ -8,9 +8,10 @@ local image, or a build error naming the step).
 The mapping is one dict of image patterns (fnmatch: `*` matches anything, `?` one character) to
 images, tried in order after an exact match. Names are compared normalised: `docker.io/` and
 `library/` dropped, `:latest` added to a name without a tag, so `ubuntu`, `docker.io/ubuntu` and
-`ubuntu:latest` are the same name. Where it comes from, first found: the caller's dict, then
-FARM_SANDBOX_BASE_ALIASES (a JSON object; `{}` maps nothing), then DEFAULT_ALIASES. A given
-mapping replaces the defaults, it does not extend them.
+`ubuntu:latest` are the same name. Where it comes from, first found: the caller's dict when it is
+not empty (the `sandbox_base_aliases` setting, empty by default), then FARM_SANDBOX_BASE_ALIASES
+(a JSON object; `{}` maps nothing), then DEFAULT_ALIASES. A given mapping replaces the defaults,
+it does not extend them.
 
 Used by the docker backend's build and by the local backend's Dockerfile subset (`map_base`).
 """
@@ -52,9 +53,9 @@ def normalise_image(name: str) -> str:
 def load_aliases(
     aliases: Optional[Mapping[str, str]] = None, env: Optional[Mapping[str, str]] = None
 ) -> dict[str, str]:
-    """The mapping in force: `aliases` if given, else FARM_SANDBOX_BASE_ALIASES, else the defaults.
+    """The mapping in force: `aliases` unless empty, else FARM_SANDBOX_BASE_ALIASES, else the defaults.
     A malformed variable is a SandboxStartError in one line (a build cannot go on without it)."""
-    if aliases is not None:
+    if aliases:
         return dict(aliases)
     raw = (os.environ if env is None else env).get(ALIASES_ENV)
     if raw is None:
