@@ -254,10 +254,20 @@ async def _build_into(
     (work / "config.json").write_text(config.to_json())
 
 
-def _locked(path: Path) -> int:
+async def _locked(path: Path) -> int:
+    """An exclusive flock on `path`, polled from the event loop: a builder cancelled while it waits
+    holds nothing (a lock taken in a thread after its waiter was cancelled would never be let go)."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                await asyncio.sleep(0.1)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 async def build_image(backend: LocalBackend, spec: ImageSpec) -> str:
@@ -275,7 +285,7 @@ async def build_image(backend: LocalBackend, spec: ImageSpec) -> str:
     home.mkdir(parents=True, exist_ok=True)
     if (home / key / "config.json").exists():
         return REF_PREFIX + key
-    fd = await asyncio.to_thread(_locked, home / f".{key}.lock")
+    fd = await _locked(home / f".{key}.lock")
     try:
         if (home / key / "config.json").exists():  # another builder finished while we waited
             return REF_PREFIX + key
