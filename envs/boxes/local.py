@@ -305,12 +305,13 @@ class LocalBackend:
         }
         _write_meta(meta, data)  # before PID 1 exists: a crash from here on leaves a record to sweep
         try:
-            data["pid"] = await self._spawn_init(spec, lowerdirs, scratch, cg, upper)
+            pid = await self._spawn_init(spec, lowerdirs, scratch, cg, upper)
         except BaseException:
             await asyncio.shield(asyncio.to_thread(_remove, meta))
             raise
+        data["pid"] = pid
         _write_meta(meta, data)
-        box = LocalSandbox(sandbox_id, int(data["pid"]), cg, spec, image, meta)
+        box = LocalSandbox(sandbox_id, pid, cg, spec, image, meta)
         box._expire_later()
         return box
 
@@ -338,6 +339,9 @@ class LocalBackend:
             out, _ = await asyncio.wait_for(proc.communicate(json.dumps(cfg).encode()), START_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise SandboxStartError(f"sandbox did not start within {START_TIMEOUT_S:.0f}s") from None
+        finally:
+            if proc.returncode is None:  # timed out or cancelled: the launcher goes (PID 1 with the cgroup)
+                proc.kill()
         lines = out.decode(errors="replace").splitlines()
         pid = next((int(line.split()[1]) for line in lines if line.startswith("pid ")), 0)
         if "ready" not in lines or not pid:
