@@ -39,7 +39,9 @@ from farm.keys import GROUP
 pytestmark = pytest.mark.slow
 
 SWEEP_S, TTL_S, SLACK_S = 2.0, 3.0, 5.0
-BOUND_S = TTL_S + SWEEP_S + SLACK_S  # from a worker's death to its sandboxes' removal
+# From a worker's death to its sandboxes' removal: its heartbeat expires, then a live worker finds it
+# absent at two sweeps in a row (workers/delivery/sweeper.py), then removes them.
+BOUND_S = TTL_S + 2 * SWEEP_S + SLACK_S
 KILLS = 4
 
 
@@ -340,3 +342,44 @@ def test_cli_lists_and_sweeps(redis_url, docker_ns, capsys, monkeypatch):
         assert containers_of(docker_ns) == [live]
     finally:
         r.close()
+
+
+def test_a_redis_outage_longer_than_the_heartbeat_ttl_sweeps_no_live_sandbox(tmp_path):
+    """Regression: Redis down past heartbeat_ttl_s expires every worker's heartbeat at once; the first
+    worker back swept the other (live) worker's sandbox, whose rollout then failed."""
+    need_base_image()
+    namespace = f"hout-{uuid.uuid4().hex[:8]}"
+    server = EmbeddedRedis(tmp_path / "redis", appendfsync="always").start()
+    settings = make_settings(
+        server.url, namespace, heartbeat_ttl_s=TTL_S, sandbox_sweep_s=SWEEP_S, redis_down_max_s=60.0, max_attempts=5
+    )
+    workers = [harbor_worker(settings, "docker", 1) for _ in range(2)]
+
+    async def run() -> list:
+        client = FarmClient(settings)
+        tasks = [client.task(run_id="o", agent=AGENT, row=sleepy_row(tmp_path, 25, f"s{i}")) for i in range(2)]
+        await client.submit(tasks)
+        await asyncio.to_thread(outage)
+        got = [r async for r in client.results(tasks, timeout_s=120)]
+        await client.aclose()
+        return got
+
+    def outage() -> None:
+        nonlocal server
+        assert wait_until(lambda: len(labelled(namespace)) == 2, 60), "two rollouts did not start"
+        proc = server.proc
+        assert proc is not None
+        proc.kill()
+        proc.wait()
+        time.sleep(TTL_S + 3)
+        server = EmbeddedRedis(tmp_path / "redis", port=server.port, appendfsync="always").start()
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        for w in workers:
+            stop(w, timeout=60)
+        server.stop()
+        remove_namespace(namespace)
+    print(f"\noutage: {[(x.reward if x.ok else x.error.kind) for x in got]}")
+    assert [x.ok and x.reward for x in got] == [1.0, 1.0], [x.error for x in got]

@@ -7,7 +7,11 @@ every worker of a sandboxed environment sweeps its namespace every `sandbox_swee
 `farm sandbox sweep` does it once. A sandbox is removed when
 
 - its worker's heartbeat key (`{ns}:worker:{id}`) has expired: the worker is gone, so nothing
-  will ever close it (a live worker's sandboxes are never touched), or
+  will ever close it (a live worker's sandboxes are never touched). A worker's sweeper waits for
+  the key to be absent at two of its sweeps in a row: a Redis outage (or restart) longer than
+  heartbeat_ttl_s expires every worker's key at once, and the first worker back would otherwise
+  remove the sandboxes of the others, alive and about to beat again. So a SIGKILLed worker's
+  sandboxes go within heartbeat_ttl_s + 2 x sandbox_sweep_s; or
 - it has outlived its expiry (its lifetime is its task's time limits plus slack).
 
 One listing of the backend and one Redis round trip (EXISTS for each distinct worker, pipelined)
@@ -103,6 +107,7 @@ class Sweeper:
         self.due = time.monotonic() + min(self.FIRST_S, every_s)
         self.job: Optional[asyncio.Task] = None
         self.removed = 0
+        self.missing: set[str] = set()  # the workers whose heartbeat was absent at the last sweep
 
     def tick(self, now: float) -> None:
         if now < self.due or (self.job is not None and not self.job.done()):
@@ -111,8 +116,15 @@ class Sweeper:
         self.job = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
+        previous, self.missing = self.missing, set()
+
+        async def alive(workers: set[str]) -> set[str]:
+            live = await self.alive(workers)
+            self.missing = workers - live
+            return live | (self.missing - previous)  # absent once: maybe an outage, not a death
+
         try:
-            result = await sweep(self.backend, self.namespace, self.alive, me=self.me)
+            result = await sweep(self.backend, self.namespace, alive, me=self.me)
             self.removed += len(result.removed)
         except Exception as exc:  # noqa: BLE001 - a failed sweep is retried at the next tick
             log.warning("sandbox sweep failed: %s", exc)
