@@ -183,21 +183,35 @@ class Bridge:
         self.counts: Counter = Counter()
         # every reply's ids as the model returned them, and where they went (the exactness check)
         self.replies: list[tuple[Segment, int, list[int]]] = []
+        self._last: tuple[bytes, list[Message], list[bytes]] = (b"", [], [])  # the last call's tools, history, keys
 
     @staticmethod
-    def keys(messages: list[Message], tools: list[dict]) -> list[bytes]:
-        """The rolling key of each prefix of `messages` (tools seed it)."""
-        h = hashlib.blake2b(_encode(tools), digest_size=16).digest()
+    def keys(messages: list[Message], tools: list[dict], start: Optional[bytes] = None) -> list[bytes]:
+        """The rolling key of each prefix of `messages` (tools seed it), or of what follows the prefix
+        whose key is `start`."""
+        h = hashlib.blake2b(_encode(tools), digest_size=16).digest() if start is None else start
         out = []
         for m in messages:
             h = hashlib.blake2b(h + m.key(), digest_size=16).digest()
             out.append(h)
         return out
 
+    def _keys(self, messages: list[Message], tools: list[dict]) -> list[bytes]:
+        """Bridge.keys, reusing the last call's keys for the messages it shares with this one: a harness
+        resends its whole history, and hashing all of it on every call grew with the square of the turns."""
+        seed = _encode(tools)
+        last_seed, last, last_keys = self._last
+        n, limit = 0, min(len(messages), len(last)) if seed == last_seed else 0
+        while n < limit and messages[n] == last[n]:
+            n += 1
+        keys = last_keys[:n] + self.keys(messages[n:], tools, last_keys[n - 1] if n else None)
+        self._last = (seed, messages, keys)
+        return keys
+
     def plan(self, messages: list[Message], tools: list[dict]) -> Plan:
         """The prompt for a call with this history and these (chat-form) tools."""
         tools = chat_tools(tools)
-        keys = self.keys(messages, tools)
+        keys = self._keys(messages, tools)
         native = self.tok.native_tools
         for i in range(len(messages) - 1, -1, -1):
             chain = self.chains.get(keys[i])

@@ -19,8 +19,11 @@ rendered per rollout either: for each conversation shape (the prefix, then the r
 messages after it) it is rendered once with placeholders for the message contents, and later
 texts are that frame with the contents put in. The environment's ids after a turn come from
 a frame of the turn's neighbourhood (the system message, the last user message, the assistant
-turn, the new messages). The first renders of every frame are checked against the full
-template over the whole conversation; a frame that ever differs is dropped for good, and
+turn, the new messages), keyed by the roles at its two ends (its first two and last two
+messages), so one frame serves every depth of a long tool loop instead of a frame (and a render
+of the whole history) per turn. The first renders of every frame are checked against the full
+template over the whole conversation, and so is its first use in a conversation twice as deep as
+any it was checked in; a frame that ever differs is dropped for good, and
 contents a template might treat specially (leading or trailing whitespace, `<`) always go
 through the template.
 """
@@ -40,7 +43,7 @@ import msgspec
 log = logging.getLogger("farm.chat")
 _fast_json = msgspec.json.Encoder().encode
 PREFIX_CACHE_SIZE = 256  # distinct (system prompt, tools) prefixes kept per tokenizer
-CHECKED_FRAMES = 8  # uses of each frame checked against the full render
+CHECKED_FRAMES = 8  # uses of each frame checked against the full render (then at each doubled depth)
 _SLOT = "\x00farm-slot-{}\x00"
 
 TOOL_SYSTEM = (
@@ -141,7 +144,7 @@ class ChatTokenizer:
         self._prefixes: OrderedDict[tuple, Optional[tuple[str, list[int]]]] = OrderedDict()
         self._tool_texts: dict[bytes, str] = {}
         self._frames: OrderedDict[tuple, Optional[list[str]]] = OrderedDict()
-        self._checked: dict[tuple, int] = {}
+        self._checked: dict[tuple, tuple[int, int]] = {}  # a frame's checks, and the deepest one
         self._rust = _rust_tokenizer(self.tok)
 
     @cached_property
@@ -241,19 +244,22 @@ class ChatTokenizer:
         def render(contents: list[str]) -> str:
             return self._appended(near, tools, [{**m, "content": c} for m, c in zip(new, contents)])
 
+        ends = near if len(near) <= 4 else [*near[:2], {"role": "..."}, *near[-2:]]
         key = (
             "append",
-            tuple(m.get("role") for m in near),
+            tuple(m.get("role") for m in ends),
             _fast_json(tools) if tools else None,
             tuple(m.get("role") for m in new),
         )
-        return self.encode(self._framed(key, render, new, lambda: self._appended(history, tools, new)))
+        full = lambda: self._appended(history, tools, new)  # noqa: E731
+        return self.encode(self._framed(key, render, new, full, depth=len(history)))
 
-    def _framed(self, key: tuple, render, messages: list[dict], full=None) -> str:
+    def _framed(self, key: tuple, render, messages: list[dict], full=None, depth: int = 0) -> str:
         """render(contents of `messages`) through the frame cached under `key` (see the module docstring).
 
         `full` renders the same text from the whole conversation (default: render itself);
-        the first CHECKED_FRAMES uses of a frame are compared with it.
+        the first CHECKED_FRAMES uses of a frame are compared with it, and its first use at a
+        `depth` (messages before `messages`) past twice the deepest checked one.
         """
         contents = [m.get("content") for m in messages]
         full = full or (lambda: render(contents))
@@ -275,9 +281,9 @@ class ChatTokenizer:
         if parts is None:
             return full()
         text = "".join(p + c for p, c in zip(parts, contents)) + parts[-1]
-        checked = self._checked.get(key, 0)
-        if checked < CHECKED_FRAMES:
-            self._checked[key] = checked + 1
+        checked, deepest = self._checked.get(key, (0, 0))
+        if checked < CHECKED_FRAMES or depth > 2 * deepest:
+            self._checked[key] = (checked + 1, max(deepest, depth))
             expected = full()
             if expected != text:
                 self._frames[key] = None
