@@ -34,8 +34,12 @@ BASE = "rollout-farm/base:bookworm"
 
 @pytest.fixture
 def backend(tmp_path: Path) -> LocalBackend:
+    """A backend on the real base tree, with its own image cache and state (other builders on this
+    host share neither)."""
     tree = base_tree()
-    return LocalBackend(data_dir=tree.rootfs.parent.parent.parent, state_dir=tmp_path / "state")
+    (tmp_path / "data" / "sandbox").mkdir(parents=True)
+    (tmp_path / "data" / "sandbox" / "bookworm").symlink_to(tree.rootfs.parent)
+    return LocalBackend(data_dir=tmp_path / "data", state_dir=tmp_path / "state")
 
 
 @pytest.fixture
@@ -61,6 +65,16 @@ async def test_exec_round_trip(box: LocalSandbox) -> None:
     assert r.exit_code == 128 + 15
     r = await box.exec("hostname; cat /proc/1/cmdline | tr '\\0' ' '; ls /dev", timeout_s=10)
     assert r.stdout.startswith("sandbox\n") and "local_init.py" in r.stdout and "urandom" in r.stdout
+
+
+async def test_capabilities_are_cut(box: LocalSandbox) -> None:
+    keep = sum(1 << c for c in (0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31))  # Docker's default set
+    r = await box.exec("grep -E '^Cap(Bnd|Eff)' /proc/self/status", timeout_s=10)
+    assert r.stdout.split() == ["CapEff:", f"{keep:016x}", "CapBnd:", f"{keep:016x}"]
+    r = await box.exec("mount -t tmpfs x /mnt && echo mounted; mknod /tmp/disk b 8 0 && echo made; true", 10)
+    assert r.stdout == "" and "permitted" in r.stderr  # no mounts, no device nodes
+    await box.write_file("/usr/bin/setpriv", b"#!/bin/sh\necho replaced\n", mode=0o755)
+    assert (await box.exec("echo still confined", timeout_s=10)).stdout == "still confined\n"
 
 
 async def test_cwd_env_user(backend: LocalBackend) -> None:
@@ -131,8 +145,9 @@ async def test_timeout_kills_everything_the_command_started(box: LocalSandbox) -
     first = await box.read_file("/tmp/tick")
     await asyncio.sleep(0.4)
     assert await box.read_file("/tmp/tick") == first  # nothing touches it any more
-    ps = await box.exec(["ps", "-eo", "pid=,comm="], timeout_s=10)
-    assert [line.split()[0] for line in ps.stdout.splitlines() if not line.endswith(" ps")] == ["1"], ps.stdout
+    ps = await box.exec(["ps", "-eo", "pid=,stat=,comm="], timeout_s=10)
+    live = [line.split() for line in ps.stdout.splitlines()]
+    assert [p[0] for p in live if p[2] != "ps" and not p[1].startswith("Z")] == ["1"], ps.stdout
     assert box.cg.pids() == [box.pid]
 
 
@@ -302,4 +317,4 @@ async def test_dockerfile_errors_name_the_line(backend: LocalBackend, tmp_path: 
     with pytest.raises(SandboxStartError, match=r"line 2: RUN"):
         await backend.build(ImageSpec(offline))  # RUN has no network
     images = backend.data_dir / "sandbox" / "images"
-    assert not [p for p in images.glob(".build-*") if p.is_dir() and time.time() - p.stat().st_mtime < 60]
+    assert [p.name for p in images.iterdir() if p.is_dir()] == []  # no image, no half-built one

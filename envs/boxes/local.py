@@ -6,7 +6,8 @@ IPC, UTS and network namespaces (loopback only; the host's network when `spec.ne
 cgroup with the spec's memory, pids and CPU limits (local_cg), whose root is an overlay of the
 image's layers over the base tree (envs.boxes.base), written to a tmpfs of `spec.disk_mb` (a
 disk-filling agent hits ENOSPC; what it writes is memory, charged to its own cgroup). Processes
-run inside through local_exec (nsenter + setpriv, reduced capabilities).
+run inside through local_exec (setns + chroot, capabilities cut before anything of the sandbox's
+tree runs).
 
 What it guarantees, beyond the protocol (envs.sdk.sandbox):
 - the sandbox ends by itself after `spec.lifetime_s` (PID 1 exits; the kernel kills the rest of
@@ -40,7 +41,7 @@ from envs.boxes.aliases import load_aliases
 from envs.boxes.base import DEFAULT_PATH, load_base
 from envs.boxes.images import ImageConfig, load_image
 from envs.boxes.local_cg import SandboxCgroup
-from envs.boxes.local_exec import NSENTER, Identity, Ran, run_inside
+from envs.boxes.local_exec import Identity, Ran, run_inside
 from envs.sdk.sandbox import (
     DEFAULT_MAX_OUTPUT,
     LABEL_EXPIRES,
@@ -97,10 +98,13 @@ class LocalSandbox:
             return Identity()
         assert user is not None
         if user not in self._users:
-            ran = await self._run(["getent", "passwd", user], timeout_s=30, who=Identity(), stdin=None)
-            fields = ran.stdout.decode(errors="replace").strip().split(":")
-            if ran.exit_code == 0 and len(fields) >= 6:
-                self._users[user] = Identity(int(fields[2]), int(fields[3]), fields[5] or "/", fields[0])
+            look = ["sh", "-c", 'getent passwd "$1" && id -G "$1"', "sh", user]
+            ran = await self._run(look, timeout_s=30, who=Identity(), stdin=None)
+            lines = ran.stdout.decode(errors="replace").splitlines()
+            fields = lines[0].split(":") if lines else []
+            if ran.exit_code == 0 and len(fields) >= 6 and len(lines) > 1:
+                groups = tuple(int(g) for g in lines[1].split())
+                self._users[user] = Identity(int(fields[2]), int(fields[3]), fields[5] or "/", fields[0], groups)
             elif user.isdigit():
                 self._users[user] = Identity(int(user), int(user), "/", user)
             else:
@@ -261,8 +265,6 @@ class LocalBackend:
             raise SandboxUnavailable("the local sandbox backend needs root (namespaces, cgroups, overlay mounts)")
         if "overlay" not in Path("/proc/filesystems").read_text():
             raise SandboxUnavailable("the local sandbox backend needs overlayfs: modprobe overlay")
-        if not Path(NSENTER).exists():
-            raise SandboxUnavailable("nsenter is missing: apt-get install util-linux")
         if load_base(self.data_dir) is None:
             raise SandboxUnavailable(f"no sandbox base tree under {self.data_dir}: run `farm sandbox base`")
 

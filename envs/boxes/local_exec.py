@@ -1,18 +1,20 @@
 """One process inside a `local` sandbox: how it gets in, what it may do, how it is ended.
 
-Entry: the host's util-linux `nsenter --target <PID 1> --mount --uts --ipc --net --pid --root
---wd` (PID namespace entered, so nsenter forks once and its child is in the sandbox), after
-the process has written itself into the sandbox's cgroups and a fresh exec group (see
-local_cg). nsenter then runs the *sandbox's* `setpriv`, which empties the capability bounding
-set down to Docker's default set (chown, dac_override, fowner, fsetid, kill, setgid, setuid,
-setpcap, net_bind_service, net_raw, sys_chroot, audit_write, setfcap: no sys_admin, no mknod, no
-module loading, no ptrace of the host) and, for `user`, switches to its uid, gid and groups as
-the sandbox's own /etc/passwd defines them; then `sh -c 'cd <cwd>'` (exit 125 when it cannot) execs
-the command. Nothing of the sandbox's tree ever runs outside its
-namespaces, cgroup and reduced capabilities (file copies go through the same path).
+Entry, in the forked child before exec (no program of the sandbox's tree runs before its
+privileges are cut, so a replaced binary in the sandbox gains nothing):
+1. into the sandbox's cgroups and a fresh exec group (local_cg);
+2. setns into PID 1's IPC, UTS, network, PID and mount namespaces, and chroot to its root;
+3. fork (the PID namespace applies to children): the child is in the sandbox, the parent only
+   waits for it and ends the same way (exit status or signal);
+4. in the child: the capability bounding set cut down to Docker's default set (chown,
+   dac_override, fowner, fsetid, kill, setgid, setuid, setpcap, net_bind_service, net_raw,
+   sys_chroot, audit_write, setfcap: no sys_admin, no mknod, no module loading, no ptrace), so the
+   program's root holds only those after exec; for `user`, its groups, gid and uid (looked up by
+   a confined `getent`/`id` in the sandbox, never by loading the sandbox's NSS modules here);
+5. exec `/bin/sh -c 'cd <cwd>'` (exit 125 when it cannot), which execs the command.
 
 Ending: past the timeout (or when the awaiting task is cancelled) every process of this exec is
-SIGKILLed: the session nsenter leads (its process group) and every process in the exec's cgroup
+SIGKILLed: the session its first process leads (its process group) and every process in the exec's cgroup
 group, however it detached (setsid, double fork, nohup, `&`): the cgroup is the complete record.
 Processes left behind by an exec that *finished* (a server started with `&`) keep running until
 kill_all or close. Output: each stream's first `max_output` bytes are kept, the rest counted;
@@ -23,21 +25,21 @@ at most OUTPUT_GRACE_S.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
-import shutil
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from envs.boxes.local_cg import SandboxCgroup
+from envs.sandbox.isolation import PR_CAPBSET_DROP, libc
 
-NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
-KEEP_CAPS = (
-    "chown,dac_override,fowner,fsetid,kill,setgid,setuid,setpcap,net_bind_service,net_raw,sys_chroot,"
-    "audit_write,setfcap"
-)
+# chown dac_override fowner fsetid kill setgid setuid setpcap net_bind_service net_raw sys_chroot
+# audit_write setfcap (linux/capability.h numbers)
+KEEP_CAPS = frozenset({0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31})
+NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
 OUTPUT_GRACE_S = 0.5
 
 
@@ -60,25 +62,60 @@ class Identity:
     gid: Optional[int] = None
     home: str = "/root"
     name: str = "root"
+    groups: tuple[int, ...] = ()
 
 
-def argv_for(pid: int, cwd: str, who: Identity, cmd: Sequence[str]) -> list[str]:
-    setpriv = ["setpriv", f"--bounding-set=-all,+{KEEP_CAPS.replace(',', ',+')}", "--inh-caps=-all"]
-    if who.uid is not None:
-        setpriv += [f"--reuid={who.uid}", f"--regid={who.gid}", "--init-groups"]
-    # nsenter's --wd=DIR resolves DIR on the host, not in the sandbox: enter at the sandbox's /, then
-    # cd there as the command's own user (a directory it may not enter fails as it would in a shell).
-    ns = ["--mount", "--uts", "--ipc", "--net", "--pid", "--root", "--wd"]
-    enter_cwd = ["/bin/sh", "-c", 'cd -- "$0" || exit 125; exec "$@"', cwd]
-    return [NSENTER, f"--target={pid}", *ns, "--", *setpriv, "--", *enter_cwd, *cmd]
+def argv_for(cwd: str, cmd: Sequence[str]) -> list[str]:
+    """The command behind a `cd` as its own user (a directory it may not enter fails as in a shell)."""
+    return ["/bin/sh", "-c", 'cd -- "$0" || exit 125; exec "$@"', cwd, *cmd]
 
 
-def _join(procs: list[str]) -> None:
-    """In the child before exec: into the sandbox's cgroups (nothing else: it runs after fork)."""
-    for path in procs:
-        fd = os.open(path, os.O_WRONLY)
-        os.write(fd, b"0")
-        os.close(fd)
+def _mirror(child: int) -> None:
+    """The waiting parent of step 3: end as the child ended."""
+    os.closerange(3, 65536)  # the caller's exec-status pipe above all: it must see EOF at the exec
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        finally:
+            os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status))
+
+
+def enter(pid: int, procs: list[str], who: Identity) -> Callable[[], None]:
+    """The child's set-up between fork and exec (steps 1-4 of the module docstring)."""
+    last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+
+    def setup() -> None:
+        c = libc()
+        for path in procs:
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, b"0")
+            os.close(fd)
+        fds = [os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY) for name in NAMESPACES]
+        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)
+        for fd in fds:
+            if c.setns(fd, 0) != 0:
+                raise OSError(ctypes.get_errno(), "setns")
+        os.fchdir(root)
+        os.chroot(".")
+        os.chdir("/")
+        for fd in (*fds, root):
+            os.close(fd)
+        child = os.fork()
+        if child:
+            _mirror(child)
+        for cap in range(last_cap + 1):
+            if cap not in KEEP_CAPS and c.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"drop capability {cap}")
+        if who.uid is not None and who.gid is not None:
+            os.setgroups(list(who.groups))
+            os.setgid(who.gid)
+            os.setuid(who.uid)
+
+    return setup
 
 
 class _Sink:
@@ -130,13 +167,13 @@ async def run_inside(
     started = time.monotonic()
     group, procs = cg.exec_group()
     proc = await asyncio.create_subprocess_exec(
-        *argv_for(pid, cwd, who, cmd),
+        *argv_for(cwd, cmd),
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=dict(env),
         start_new_session=True,
-        preexec_fn=lambda: _join(procs),
+        preexec_fn=enter(pid, procs, who),
     )
     out, err = _Sink(max_output), _Sink(max_output)
     readers = asyncio.ensure_future(asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr)))
