@@ -124,7 +124,7 @@ class LocalSandbox:
     ) -> Ran:
         if self._closed:
             raise SandboxError(f"sandbox {self.id} is closed")
-        if not os.path.exists(f"/proc/{self.pid}/ns/mnt"):
+        if not self.cg.holds(self.pid):  # PID 1 gone (and its pid perhaps another process's now)
             raise SandboxError(f"sandbox {self.id} has ended (its lifetime ran out or it was removed)")
         return await run_inside(
             self.pid,
@@ -234,7 +234,7 @@ def _remove(meta: Path) -> None:
     except (OSError, ValueError):
         return
     cg = SandboxCgroup([Path(d) for d in data["cgroups"]], Path(data["track"]))
-    if int(data["pid"]) in cg.pids():  # never signal a pid that is no longer this sandbox's
+    if cg.holds(int(data["pid"])):  # never signal a pid that is no longer this sandbox's
         try:
             os.kill(int(data["pid"]), 9)
         except ProcessLookupError:
@@ -361,7 +361,7 @@ class LocalBackend:
             if data["labels"].get(LABEL_NAMESPACE) != namespace:
                 continue
             cg = SandboxCgroup([Path(d) for d in data["cgroups"]], Path(data["track"]))
-            out.append(SandboxInfo(data["id"], data["labels"], running=int(data["pid"]) in cg.pids()))
+            out.append(SandboxInfo(data["id"], data["labels"], running=cg.holds(int(data["pid"]))))
         return out
 
     async def remove(self, sandbox_id: str) -> None:

@@ -106,6 +106,13 @@ class SandboxCgroup:
                 continue
         return out
 
+    def holds(self, pid: int) -> bool:
+        """Whether `pid` is in the sandbox's own group (PID 1 is; a reused pid is not)."""
+        try:
+            return str(pid) in (self.track / "cgroup.procs").read_text().split()
+        except OSError:
+            return False
+
     def kill(self, under: Optional[Path] = None, spare: Iterable[int] = (), tries: int = 500) -> bool:
         """SIGKILL every process in the group (but `spare`) until none is left; False if some outlived it."""
         keep = set(spare)
