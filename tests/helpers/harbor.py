@@ -15,9 +15,9 @@ from pathlib import Path
 
 from envs.harbor.rows import task_row
 from envs.harbor.task import SUITE_DIR, load_task
-from envs.sdk.sandbox import LABEL_NAMESPACE
+from envs.sdk.sandbox import LABEL_NAMESPACE, LABEL_WORKER
 from farm.settings import Settings
-from helpers.docker import containers_of
+from helpers.docker import containers_of, docker
 from helpers.workers import spawn_worker
 
 AGENT = "harbor_oracle"
@@ -56,18 +56,44 @@ def worker_pid(worker_id: str) -> int:
     return int(worker_id.rsplit(":", 2)[1])
 
 
-def local_left(namespace: str) -> list[str]:
-    """The `local` backend's sandboxes of `namespace` still there: metadata files and live cgroups."""
+def _local_metadata(namespace: str) -> dict[Path, dict]:
     from envs.boxes.local import STATE_DIR
 
-    left = []
+    found = {}
     for meta in sorted((STATE_DIR / "sandboxes").glob("*.json")):
         try:
             data = json.loads(meta.read_text())
         except (OSError, ValueError):
             continue
-        if (data.get("labels") or {}).get(LABEL_NAMESPACE) != namespace:
-            continue
+        if (data.get("labels") or {}).get(LABEL_NAMESPACE) == namespace:
+            found[meta] = data
+    return found
+
+
+def sandbox_owners(backend: str, namespace: str) -> dict[str, str]:
+    """The namespace's sandboxes (running or not): id -> its worker label; one `docker ps`, or the
+    `local` backend's metadata files."""
+    if backend == "local":
+        return {
+            d.get("id", m.stem): (d.get("labels") or {}).get(LABEL_WORKER, "")
+            for m, d in _local_metadata(namespace).items()
+        }
+    found = docker(
+        "ps",
+        "-a",
+        "--no-trunc",
+        "--filter",
+        f"label={LABEL_NAMESPACE}={namespace}",
+        "--format",
+        f'{{{{.ID}}}} {{{{.Label "{LABEL_WORKER}"}}}}',
+    )
+    return dict((line.split() + [""])[:2] for line in found.stdout.splitlines() if line.strip())
+
+
+def local_left(namespace: str) -> list[str]:
+    """The `local` backend's sandboxes of `namespace` still there: metadata files and live cgroups."""
+    left = []
+    for meta, data in _local_metadata(namespace).items():
         left.append(f"metadata {meta.name}")
         left += [f"cgroup {d}" for d in data.get("cgroups", []) if Path(d).exists()]
     return left
