@@ -34,6 +34,8 @@ from envs.sdk.sandbox import (
 
 BASE = "rollout-farm/base:bookworm"
 WRITER = "while :; do date +%s%N > {f}; sleep 0.05; done"
+# Forks sleepers until no pid is left, and keeps trying, so no pid is ever freed (a shell loop gives up).
+HOLD_PIDS = "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            time.sleep(1000)\n            os._exit(0)\n    except OSError:\n        time.sleep(0.01)\n"
 
 
 @pytest.fixture
@@ -52,7 +54,7 @@ def spec(**kw) -> SandboxSpec:
 
 async def changing(box, path: str, wait_s: float = 0.6) -> bool:
     """Whether the file's content changes within wait_s (a live writer); it must exist."""
-    r = await box.exec(f"for i in $(seq 100); do [ -s {path} ] && exit 0; sleep 0.05; done; exit 1", timeout_s=10)
+    r = await box.exec(f"for i in $(seq 100); do [ -e {path} ] && exit 0; sleep 0.05; done; exit 1", timeout_s=10)
     assert r.ok, f"{path} was never written"
     first = await box.read_file(path)
     await asyncio.sleep(wait_s)
@@ -157,7 +159,7 @@ async def test_exec_timeout_ends_what_the_command_started(backend):
     assert [p for p in await processes(box) if "sleep 1000" in p or "/tmp/a" in p or "/tmp/b" in p] == []
     # A cancelled exec ends its command too.
     task = asyncio.ensure_future(box.exec(f"{WRITER.format(f='/tmp/c')}", timeout_s=60))
-    await asyncio.sleep(1.0)
+    assert await changing(box, "/tmp/c")  # running
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -341,7 +343,7 @@ def test_aliases_map_common_bases_onto_the_base(monkeypatch):
 @pytest.mark.slow
 async def test_when_no_pid_is_left_for_the_killer_the_sandbox_is_removed(backend):
     box = await backend.start(spec(pids=16))
-    task = asyncio.ensure_future(box.exec("while :; do sleep 1000 & done", timeout_s=8))  # holds every pid for good
+    task = asyncio.ensure_future(box.exec(["python3", "-c", HOLD_PIDS], timeout_s=8))
     pids = Path(f"/sys/fs/cgroup/pids/docker/{box.id}/pids.current")  # cgroup v1, cgroupfs: this machine's
     deadline = time.monotonic() + 7
     while pids.exists() and int(pids.read_text()) < 16 and time.monotonic() < deadline:

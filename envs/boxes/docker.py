@@ -40,13 +40,18 @@ counts the rest. A command killed by signal N exits 128 + N (137: SIGKILL, the O
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import math
 import os
 import socket
+import tarfile
 import time
 import uuid
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
+
+import aiohttp
 
 from envs.boxes.aliases import load_aliases
 from envs.boxes.base import BASE_IMAGE
@@ -88,7 +93,7 @@ class DockerSandbox:
 
     async def _exec_open(
         self, argv: Sequence[str], cwd: Optional[str], env: Optional[Mapping[str, str]], user: Optional[str]
-    ) -> tuple[str, object]:
+    ) -> tuple[str, aiohttp.ClientResponse]:
         if self._closed:
             raise SandboxError(f"sandbox {self.id[:12]} is closed")
         body: dict = {"Cmd": list(argv), "AttachStdout": True, "AttachStderr": True, "Tty": False}
@@ -133,7 +138,7 @@ class DockerSandbox:
             argv = ["/bin/sh", "-c", WRAP_ARGV, "sh", *cmd]
         exec_id, resp = await self._exec_open(argv, cwd, env, user)
         out = Output(max_output)
-        reader = asyncio.ensure_future(out.read(resp))  # type: ignore[arg-type]
+        reader = asyncio.ensure_future(out.read(resp))
         code: Optional[int] = None
         try:
             await asyncio.wait({reader}, timeout=max(deadline - time.monotonic(), 0))
@@ -147,7 +152,7 @@ class DockerSandbox:
             raise
         finally:
             reader.cancel()
-            resp.close()  # type: ignore[attr-defined]
+            resp.close()
         return ExecResult(
             exit_code=-1 if code is None else code,
             stdout=out.text(STDOUT),
@@ -177,11 +182,11 @@ class DockerSandbox:
         argv = ["/bin/sh", "-c", KILL, "farm-kill", str(session), "1" if self._init else "0"]
         exec_id, resp = await self._exec_open(argv, "/", None, "0")
         try:
-            await asyncio.wait_for(Output(4096, expect_pid=False).read(resp), _KILL_TIMEOUT_S)  # type: ignore[arg-type]
+            await asyncio.wait_for(Output(4096, expect_pid=False).read(resp), _KILL_TIMEOUT_S)
         except asyncio.TimeoutError:
             return None
         finally:
-            resp.close()  # type: ignore[attr-defined]
+            resp.close()
         return await self._exit_code(exec_id, time.monotonic() + _GRACE_S)
 
     async def kill_all(self) -> None:
@@ -223,9 +228,6 @@ class DockerSandbox:
             raise
 
     async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
-        import io
-        import tarfile
-
         path = self._path(path)
         for _ in range(8):  # a symlink is followed, a few levels deep
             with tarfile.open(fileobj=io.BytesIO(await self._get(path)), mode="r") as tar:
@@ -368,8 +370,6 @@ class DockerBackend:
             raise
 
     async def list(self, namespace: str) -> list[SandboxInfo]:
-        import json
-
         filters = json.dumps({"label": [f"{LABEL_NAMESPACE}={namespace}"]})
         found = await self.engine.call("GET", "/containers/json", params={"all": "1", "filters": filters})
         return [

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Mapping
 
 from envs.boxes.aliases import map_base
@@ -94,6 +94,7 @@ class Builder:
             raise
 
     async def build(self, spec: ImageSpec) -> str:
+        spec = ImageSpec(spec.context, PurePosixPath(spec.dockerfile).as_posix())  # `./Dockerfile` is `Dockerfile`
         path = spec.context / spec.dockerfile
         try:
             text, bases = rewrite_from(path.read_text(), self.aliases)
