@@ -220,8 +220,12 @@ async def test_fork_bomb_hits_the_pids_limit(backend: LocalBackend) -> None:
     tight = await backend.start(SandboxSpec(image=BASE, lifetime_s=60, pids=40))
     loose = await backend.start(SandboxSpec(image=BASE, lifetime_s=60, pids=1000))
     try:
-        count, errno = map(int, (await tight.exec(["python3", "-c", FORKS], timeout_s=20)).stdout.split())
+        forks = await tight.exec(["python3", "-c", FORKS], timeout_s=20)
+        count, errno = map(int, forks.stdout.split())
         assert count < 40 and errno == 11  # EAGAIN at the limit
+        # The exec ended when its program did, not when its sleeping children let go of its output.
+        assert not forks.timed_out and forks.duration_s < 10
+        await tight.kill_all()  # they live on until then, as a finished exec's background processes do
         assert (await loose.exec(["python3", "-c", FORKS], timeout_s=20)).stdout.split() == ["300", "0"]
         await loose.kill_all()
         r = await tight.exec(":(){ :|:& };:; sleep 5", timeout_s=3)  # the classic bomb, stopped by the timeout

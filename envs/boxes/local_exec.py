@@ -28,10 +28,11 @@ import asyncio
 import ctypes
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from envs.boxes.local_cg import SandboxCgroup
 from envs.sandbox.isolation import PR_CAPBSET_DROP, libc
@@ -132,18 +133,53 @@ class _Sink:
             self.dropped += max(0, len(chunk) - room)
 
 
-async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
-    assert proc.stdin is not None
+async def _feed(pipe: Any, data: bytes) -> None:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, pipe)
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
     try:
-        proc.stdin.write(data)
-        await proc.stdin.drain()
+        writer.write(data)
+        await writer.drain()
     except (BrokenPipeError, ConnectionResetError):
         pass
     finally:
-        proc.stdin.close()
+        writer.close()
 
 
-def kill_exec(proc: asyncio.subprocess.Process, cg: SandboxCgroup, group: Path) -> None:
+async def _reader(pipe: Any) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 16)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return reader
+
+
+class _Child:
+    """A process spawned by the standard library's fork+exec (whatever the event loop: uvloop's own
+    spawn cannot run the entry's set-up between fork and exec), its exit awaited through a pidfd."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen, self.pid = popen, popen.pid
+        self._exited = asyncio.get_running_loop().create_future()
+        self._fd = os.pidfd_open(self.pid)
+        asyncio.get_running_loop().add_reader(self._fd, self._on_exit)
+
+    def _on_exit(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self.popen.wait()
+        if not self._exited.done():
+            self._exited.set_result(self.popen.returncode)
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.popen.returncode
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+def kill_exec(proc: Any, cg: SandboxCgroup, group: Path) -> None:
     """SIGKILL the exec's process group and everything in its cgroup group."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -166,18 +202,20 @@ async def run_inside(
 ) -> Ran:
     started = time.monotonic()
     group, procs = cg.exec_group()
-    proc = await asyncio.create_subprocess_exec(
-        *argv_for(cwd, cmd),
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    popen = subprocess.Popen(
+        argv_for(cwd, cmd),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env=dict(env),
         start_new_session=True,
         preexec_fn=enter(pid, procs, who),
     )
+    proc = _Child(popen)
     out, err = _Sink(max_output), _Sink(max_output)
-    readers = asyncio.ensure_future(asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr)))
-    feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
+    streams = await _reader(popen.stdout), await _reader(popen.stderr)
+    readers = asyncio.ensure_future(asyncio.gather(out.drain(streams[0]), err.drain(streams[1])))
+    feeder = asyncio.ensure_future(_feed(popen.stdin, stdin)) if stdin is not None else None
     timed_out = False
     try:
         try:
