@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,28 @@ def test_data_generate_build_names_a_dockerfile_that_does_not_build_in_one_line(
     named = [line for line in done.stderr.splitlines() if line.startswith("farm: ")]
     assert len(named) == 2 and "bad-build" in named[0] and "does not build" in named[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_stopped_worker_removes_the_sandboxes_of_the_rollouts_it_stops(settings, docker_ready, tmp_path):
+    """SIGTERM: the worker waits out its grace period, cancels what still runs, and every cancelled
+    rollout's sandbox is removed before the worker exits (not left for the sweeper or its lifetime)."""
+    suite = tmp_path / "suite"
+    for i in range(3):
+        make_task(suite, f"long-{i}", "sleep 600\n", agent=300)
+    rows = suite_rows(suite, agent="harbor_oracle")
+    proc = spawn_worker(settings, "--agent", "harbor_oracle", "--concurrency", "4", FARM_SANDBOX_BACKEND=docker_ready)
+    try:
+
+        async def submit():
+            async with FarmClient(settings) as client:
+                await client.submit([client.task(run_id="long", agent="harbor_oracle", row=r) for r in rows])
+
+        asyncio.run(submit())
+        deadline = time.monotonic() + 60
+        while len(left(settings.namespace)) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None, "the sandboxes never started"
+            time.sleep(0.2)
+    finally:
+        out = stop(proc, timeout=60)
+    assert left(settings.namespace) == [], out
+    assert "closing" not in out, out

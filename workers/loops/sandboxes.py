@@ -34,6 +34,7 @@ __all__ = ["SandboxStats", "Tracked", "make_backend", "BackendUnavailable", "clo
 log = logging.getLogger("farm.sandbox")
 
 START_TRIES = 2  # a start failure is retried once
+CLOSE_WAIT_S = 5.0  # a stopping worker waits this long for its sandboxes to close before its backend does
 
 
 class BackendUnavailable(FarmError):
@@ -93,7 +94,7 @@ class Tracked:
             t0 = time.monotonic()
             try:
                 box = await self.backend.start(spec)
-            except SandboxError as exc:
+            except Exception as exc:  # noqa: BLE001 - any start that fails is the infrastructure's, not the agent's
                 last = exc
                 self.stats.start_failed += 1
                 log.warning("sandbox start failed (try %d of %d): %s", attempt + 1, START_TRIES, exc)
@@ -114,7 +115,11 @@ class Tracked:
         await self.backend.remove(sandbox_id)
 
     async def aclose(self) -> None:
-        """The backend's own connections (the docker backend's pool), when the worker stops."""
+        """The backend's own connections (the docker backend's pool), when the worker stops: after the
+        sandboxes still open have closed (their rollouts' cancels close them), within CLOSE_WAIT_S."""
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while self.stats.running > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         close = getattr(self.backend, "aclose", None)
         if close is not None:
             await close()
