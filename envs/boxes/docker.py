@@ -28,8 +28,9 @@ scan, repeated until nothing is left):
   and whose parent has died (a deliberate daemon: double fork + setsid) is not found; `kill_all`
   is what ends those;
 - `kill_all`: every process but PID 1 and the lifetime sleep (without an init, PID 1 is the sleep);
-- when the killer cannot run (a fork bomb holds every pid the limit allows, so no exec starts), the
-  sandbox is removed instead: nothing the command started outlives its timeout either way;
+- when the killer cannot run or leaves something alive (the command removed /bin/sh; a fork bomb
+  holds every pid and the runtime cannot start it), the sandbox is removed instead: nothing the
+  command started outlives its timeout either way (later calls raise SandboxError: closed);
 - `close` / `remove`: the whole container (`rm -f`), shielded from the caller's cancellation.
 
 The image must have /bin/sh and `sleep`. A string command runs under `bash -lc`, or `sh -c` when
