@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from helpers.docker import docker, need_base_image
 from helpers.processes import stop
+from helpers.sandboxes import base_tree
 from helpers.workers import spawn_worker
 
 from envs.harbor.rows import suite_rows
@@ -95,26 +96,35 @@ def collect(settings, rows: list[dict], agent: str, backend: str, timeout_s: flo
     return got, out
 
 
-def left(namespace: str) -> list[str]:
-    return docker("ps", "-aq", "--filter", f"label=rollout-farm.namespace={namespace}").stdout.split()
+def left(namespace: str, backend: str = "docker") -> list[str]:
+    """The namespace's sandboxes the backend still has (docker: containers by label; local: its records)."""
+    if backend == "docker":
+        return docker("ps", "-aq", "--filter", f"label=rollout-farm.namespace={namespace}").stdout.split()
+    from envs.boxes.local import LocalBackend
+
+    return [b.id for b in asyncio.run(LocalBackend().list(namespace))]
 
 
-@pytest.fixture
-def docker_ready():
-    need_base_image()
-    return "docker"
+@pytest.fixture(params=["docker", "local"])
+def backend(request):
+    """Both backends run every test: docker with a real daemon, local as root (no daemon)."""
+    if request.param == "docker":
+        need_base_image()
+    else:
+        base_tree()
+    return request.param
 
 
 @pytest.mark.parametrize("agent,reward", [("harbor_oracle", 1.0), ("harbor_nop", 0.0)])
-def test_the_suites_first_tier_scores_1_with_its_oracle_and_0_with_nothing_done(settings, docker_ready, agent, reward):
+def test_the_suites_first_tier_scores_1_with_its_oracle_and_0_with_nothing_done(settings, backend, agent, reward):
     rows = [r for r in suite_rows(SUITE_DIR, agent=agent) if r["tier"] == "tier1"]
-    got, _ = collect(settings, rows, agent, docker_ready)
+    got, _ = collect(settings, rows, agent, backend)
     assert {name: (r.status, r.reward) for name, r in got.items()} == {name: ("ok", reward) for name in got}
     assert all(r.metrics["tier"] == "tier1" and r.metrics["verifier_exit_code"] is not None for r in got.values())
-    assert left(settings.namespace) == []
+    assert left(settings.namespace, backend) == []
 
 
-def test_tasks_that_attack_their_sandbox_end_with_their_reason_and_the_others_go_on(settings, docker_ready, tmp_path):
+def test_tasks_that_attack_their_sandbox_end_with_their_reason_and_the_others_go_on(settings, backend, tmp_path):
     """A fork bomb (pids limit), a disk fill (storage: the docker backend bounds memory and pids; the
     disk fill ends at the agent timeout or the disk), an agent that never returns and leaves a
     process writing (killed at the agent timeout, and before the tests run: the tests see the file
@@ -139,26 +149,30 @@ def test_tasks_that_attack_their_sandbox_end_with_their_reason_and_the_others_go
         test=STOPPED,
     )
     rows = suite_rows(suite, agent="harbor_oracle")
-    got, _ = collect(settings, rows, "harbor_oracle", docker_ready, timeout_s=180)
+    got, _ = collect(settings, rows, "harbor_oracle", backend, timeout_s=180)
     assert got["plain"].status == "ok" and got["plain"].reward == 1.0
     assert got["escapes"].status == "ok" and got["escapes"].reward == 1.0, got["escapes"]
     assert got["escapes"].metrics["oracle_timed_out"] is False
     # The agent's processes were killed at its timeout and before the tests ran: nothing kept writing.
     assert got["never-stops"].status == "ok" and got["never-stops"].reward == 1.0, got["never-stops"]
     assert got["never-stops"].metrics["oracle_timed_out"] is True
-    for name in ("forkbomb", "diskfill"):
-        assert got[name].status == "ok" and got[name].reward in (0.0, 1.0), (name, got[name])
-    assert left(settings.namespace) == []
+    assert got["forkbomb"].status == "ok" and got["forkbomb"].reward in (0.0, 1.0), got["forkbomb"]
+    # A full disk: graded if the tests still fit, else a verifier failure that says why (never a 0).
+    fill = got["diskfill"]
+    assert (fill.status == "ok" and fill.reward in (0.0, 1.0)) or (
+        fill.error.kind == "verifier" and "No space left" in fill.error.message
+    ), fill
+    assert left(settings.namespace, backend) == []
 
 
-def test_no_reward_file_and_a_sandbox_that_cannot_start_are_failures_never_a_zero(settings, docker_ready, tmp_path):
+def test_no_reward_file_and_a_sandbox_that_cannot_start_are_failures_never_a_zero(settings, backend, tmp_path):
     suite = tmp_path / "suite"
     make_task(suite, "no-reward", "touch /app/done\n", test="echo 'the checks crashed' >&2; exit 3\n")
     make_task(suite, "slow-tests", "touch /app/done\n", test="sleep 60\n", verifier=2)
     make_task(suite, "no-image", "true\n", dockerfile=None, extra='docker_image = "rollout-farm/absent:none"')
     make_task(suite, "no-build", "true\n", dockerfile=DOCKERFILE + "RUN exit 7\n")
     rows = suite_rows(suite, agent="harbor_oracle")
-    got, out = collect(settings, rows, "harbor_oracle", docker_ready, timeout_s=180)
+    got, out = collect(settings, rows, "harbor_oracle", backend, timeout_s=180)
     kinds = {name: (r.status, r.error.kind if r.error else None) for name, r in got.items()}
     assert kinds == {
         "no-reward": ("failed", "verifier"),
@@ -170,7 +184,7 @@ def test_no_reward_file_and_a_sandbox_that_cannot_start_are_failures_never_a_zer
     assert "the checks crashed" in got["no-reward"].error.message
     assert "ran past 2s" in got["slow-tests"].error.message
     assert "2 tries" in got["no-image"].error.message
-    assert left(settings.namespace) == []
+    assert left(settings.namespace, backend) == []
 
 
 def test_a_worker_without_a_docker_daemon_says_so_in_one_line_and_exits_3(settings):
@@ -188,7 +202,7 @@ def test_a_worker_without_a_docker_daemon_says_so_in_one_line_and_exits_3(settin
     assert len(lines) == 1 and "daemon" in lines[0], out
 
 
-def test_data_generate_build_names_a_dockerfile_that_does_not_build_in_one_line(docker_ready, tmp_path):
+def test_data_generate_build_names_a_dockerfile_that_does_not_build_in_one_line(backend, tmp_path):
     suite = tmp_path / "suite"
     make_task(suite, "good", "true\n")
     make_task(suite, "bad-build", "true\n", dockerfile=DOCKERFILE + "RUN echo broken && exit 7\n")
@@ -208,7 +222,7 @@ def test_data_generate_build_names_a_dockerfile_that_does_not_build_in_one_line(
         ],
         capture_output=True,
         text=True,
-        env=dict(os.environ, FARM_SANDBOX_BACKEND=docker_ready),
+        env=dict(os.environ, FARM_SANDBOX_BACKEND=backend),
         timeout=300,
     )
     assert done.returncode == 2, done.stderr
@@ -217,14 +231,14 @@ def test_data_generate_build_names_a_dockerfile_that_does_not_build_in_one_line(
     assert "Traceback" not in done.stderr
 
 
-def test_a_stopped_worker_removes_the_sandboxes_of_the_rollouts_it_stops(settings, docker_ready, tmp_path):
+def test_a_stopped_worker_removes_the_sandboxes_of_the_rollouts_it_stops(settings, backend, tmp_path):
     """SIGTERM: the worker waits out its grace period, cancels what still runs, and every cancelled
     rollout's sandbox is removed before the worker exits (not left for the sweeper or its lifetime)."""
     suite = tmp_path / "suite"
     for i in range(3):
         make_task(suite, f"long-{i}", "sleep 600\n", agent=300)
     rows = suite_rows(suite, agent="harbor_oracle")
-    proc = spawn_worker(settings, "--agent", "harbor_oracle", "--concurrency", "4", FARM_SANDBOX_BACKEND=docker_ready)
+    proc = spawn_worker(settings, "--agent", "harbor_oracle", "--concurrency", "4", FARM_SANDBOX_BACKEND=backend)
     try:
 
         async def submit():
@@ -233,10 +247,10 @@ def test_a_stopped_worker_removes_the_sandboxes_of_the_rollouts_it_stops(setting
 
         asyncio.run(submit())
         deadline = time.monotonic() + 60
-        while len(left(settings.namespace)) < 3:
+        while len(left(settings.namespace, backend)) < 3:
             assert time.monotonic() < deadline and proc.poll() is None, "the sandboxes never started"
             time.sleep(0.2)
     finally:
         out = stop(proc, timeout=60)
-    assert left(settings.namespace) == [], out
+    assert left(settings.namespace, backend) == [], out
     assert "closing" not in out, out

@@ -230,8 +230,8 @@ class Harbor(Environment):
             if result.timed_out:
                 raise RolloutFailure(ErrorKind.verifier, f"task {task.name}: tests/test.sh ran past {limit:g}s")
             reward, components = await _reward(box, task, result)
-        except SandboxError as exc:
-            raise RolloutFailure(ErrorKind.infrastructure, f"task {task.name}: the sandbox failed: {exc}") from None
+        except SandboxError as exc:  # the tests could not be put in or run (a disk the agent filled)
+            raise RolloutFailure(ErrorKind.verifier, f"task {task.name}: the tests could not run: {exc}") from None
         metrics = {"task": task.name, "tier": row.tier or task.tier, "verifier_exit_code": result.exit_code}
         metrics["verifier_s"] = round(time.monotonic() - t0, 3)
         return Verdict(reward=reward, components=components, metrics=metrics)
