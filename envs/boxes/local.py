@@ -329,6 +329,7 @@ class LocalBackend:
             "cgroup_procs": cg.procs,
             "upper": str(upper / "upper") if upper else None,
             "work": str(upper / "work") if upper else None,
+            "mounts": [[src, dest] for src, dest in spec.mounts.items()],
         }
         if len(":".join(lowerdirs)) > 3500:
             raise SandboxStartError(f"too many image layers ({len(lowerdirs)}) for one overlay mount")

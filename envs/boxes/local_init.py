@@ -9,10 +9,10 @@ pivot_root anyway), as root, with its configuration as JSON on stdin. It:
    forks: the child is PID 1 of the new PID namespace; the parent prints `pid <host pid>` and exits;
 3. in the child: every mount private; a tmpfs of `disk_mb` (or, for image builds, a host
    directory) holding the overlay's upper and work dirs; the overlay of the image's layers over the
-   base tree; /proc, a minimal /dev (null zero full random urandom tty bound from the host,
-   /dev/shm, the fd links); /etc/hosts (and /etc/resolv.conf with the host network); hostname
-   `sandbox`; loopback up; then pivot_root into the overlay and the old root detached, so nothing
-   of the host's filesystem is reachable by path;
+   base tree; the spec's `mounts` (host directories bound in); /proc, a minimal /dev (null zero
+   full random urandom tty bound from the host, /dev/shm, the fd links); /etc/hosts (and
+   /etc/resolv.conf with the host network); hostname `sandbox`; loopback up; then pivot_root into
+   the overlay and the old root detached, so nothing of the host's filesystem is reachable by path;
 4. prints `ready` (or `error <why>`), points its stdio at /dev/null, and loops: reap every child
    that ends (orphans come here), exit at the lifetime's end or on SIGTERM. When it exits the
    kernel kills every process in the PID namespace, and the mount namespace (overlay, tmpfs and
@@ -101,6 +101,10 @@ def _world(cfg):
         os.makedirs(f"{root}/{d}", exist_ok=True)
     _mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _dev(root)
+    for src, dest in cfg.get("mounts") or ():  # host directories the spec binds in (before the pivot)
+        target = f"{root}/{dest.strip('/')}"
+        os.makedirs(target, exist_ok=True)
+        _mount(src, target, None, MS_BIND)
     _write_etc(root, "hosts", HOSTS)
     _write_etc(root, "hostname", "sandbox\n")
     if cfg["network"]:

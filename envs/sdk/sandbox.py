@@ -6,7 +6,8 @@ sandbox started for that one rollout and removed when it ends. Backends (envs/bo
 the farm can always find its own) and `local` (no daemon: namespaces, a cgroup and an overlay
 over a root filesystem tree). Both honour the same contract:
 
-- `start(spec)` starts from an image with the spec's cpus / memory / pids / network limits; the
+- `start(spec)` starts from an image with the spec's cpus / memory / pids / network limits and
+  its `mounts` (host directories bind-mounted inside); the
   sandbox ends by itself after `spec.lifetime_s` (its PID 1 exits, and the backend removes it),
   so a sandbox whose worker died is bounded even before a sweeper finds it;
 - `exec` runs one command, returns its exit code and output (each stream truncated to
@@ -86,6 +87,9 @@ class SandboxSpec:
     workdir: str = "/"
     env: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)  # LABEL_NAMESPACE, LABEL_WORKER, LABEL_TASK
+    # host directory -> absolute path inside, bind-mounted read-write (the gateway's socket directory
+    # for an agent that runs inside: workers/loops/sandbox_command.py); the network stays as set
+    mounts: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
