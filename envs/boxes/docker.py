@@ -15,7 +15,7 @@ What a container gets (`start`):
 - disk: a size limit only where the storage driver enforces one (overlay2 on xfs with project
   quotas, btrfs, zfs); on overlay2 over ext4, this machine's case, what a sandbox writes is
   bounded only by the host's disk;
-- the spec's `mounts` as binds (host directory -> path inside);
+- the spec's `mounts` as read-only binds (host directory -> path inside);
 - `--init` (the daemon's docker-init as PID 1, which reaps orphaned processes) when the daemon
   has one, and `--rm`; the command is `sleep <lifetime>`, so when the lifetime ends the container
   exits and the daemon removes it, with or without a worker alive to ask.
@@ -339,7 +339,7 @@ class DockerBackend:
             "Init": features["init"],
         }
         if spec.mounts:
-            host["Binds"] = [f"{src}:{dest}" for src, dest in spec.mounts.items()]
+            host["Binds"] = [f"{src}:{dest}:ro" for src, dest in spec.mounts.items()]
         if features["size"]:
             host["StorageOpt"] = {"size": f"{spec.disk_mb}M"}
         return {

@@ -9,8 +9,8 @@ pivot_root anyway), as root, with its configuration as JSON on stdin. It:
    forks: the child is PID 1 of the new PID namespace; the parent prints `pid <host pid>` and exits;
 3. in the child: every mount private; a tmpfs of `disk_mb` (or, for image builds, a host
    directory) holding the overlay's upper and work dirs; the overlay of the image's layers over the
-   base tree; the spec's `mounts` (host directories bound in); /proc, a minimal /dev (null zero
-   full random urandom tty bound from the host, /dev/shm, the fd links); /etc/hosts (and
+   base tree; the spec's `mounts` (host directories bound read-only); /proc, a minimal /dev (null
+   zero full random urandom tty bound from the host, /dev/shm, the fd links); /etc/hosts (and
    /etc/resolv.conf with the host network); hostname `sandbox`; loopback up; then pivot_root into
    the overlay and the old root detached, so nothing of the host's filesystem is reachable by path;
 4. prints `ready` (or `error <why>`), points its stdio at /dev/null, and loops: reap every child
@@ -35,7 +35,8 @@ import time
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -105,6 +106,7 @@ def _world(cfg):
         target = f"{root}/{dest.strip('/')}"
         os.makedirs(target, exist_ok=True)
         _mount(src, target, None, MS_BIND)
+        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     _write_etc(root, "hosts", HOSTS)
     _write_etc(root, "hostname", "sandbox\n")
     if cfg["network"]:

@@ -7,7 +7,7 @@ the farm can always find its own) and `local` (no daemon: namespaces, a cgroup a
 over a root filesystem tree). Both honour the same contract:
 
 - `start(spec)` starts from an image with the spec's cpus / memory / pids / network limits and
-  its `mounts` (host directories bind-mounted inside); the
+  its `mounts` (host directories bound read-only inside); the
   sandbox ends by itself after `spec.lifetime_s` (its PID 1 exits, and the backend removes it),
   so a sandbox whose worker died is bounded even before a sweeper finds it;
 - `exec` runs one command, returns its exit code and output (each stream truncated to
@@ -87,8 +87,8 @@ class SandboxSpec:
     workdir: str = "/"
     env: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)  # LABEL_NAMESPACE, LABEL_WORKER, LABEL_TASK
-    # host directory -> absolute path inside, bind-mounted read-write (the gateway's socket directory
-    # for an agent that runs inside: workers/loops/sandbox_command.py); the network stays as set
+    # host directory -> absolute path inside, bound read-only (a socket in it can still be connected
+    # to: the gateway's, for an agent that runs inside, workers/loops/sandbox_command.py)
     mounts: Mapping[str, str] = field(default_factory=dict)
 
 
