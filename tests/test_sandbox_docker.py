@@ -289,8 +289,9 @@ async def test_a_build_runs_once_per_content(backend, tmp_path):
     assert (await box.read_file("/opt/copy.txt")).startswith(b"hi ")
     await box.close()
     (tmp_path / "a" / "hello.txt").write_text(f"changed {time.time()}\n")
-    assert await backend.build(image) != tags[0] and backend.builder.builds_run == 2
-    docker("rmi", "-f", tags[0], check=False)
+    changed = await backend.build(image)
+    assert changed != tags[0] and backend.builder.builds_run == 2
+    docker("rmi", "-f", tags[0], changed, check=False)
 
 
 @pytest.mark.slow
