@@ -9,7 +9,8 @@ an exec's processes are that session plus whatever its members forked into a new
 they live: the killer takes the session, then grows the set through parent links until it is
 closed, kills it with SIGKILL, and scans again (a fork in between is caught by the next scan),
 up to 50 scans. Its scan uses shell built-ins only (read, set, case, kill), so it keeps working
-when a fork bomb holds every pid; it still needs one pid to start, which the caller handles.
+when a fork bomb holds every pid. When it cannot start, or leaves something alive after its 50
+scans, the caller removes the whole sandbox.
 """
 
 __all__ = ["KILL", "WRAP_ARGV", "WRAP_STRING"]
