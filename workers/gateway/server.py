@@ -23,12 +23,22 @@ Each call goes through workers/gateway/calls.py's `model_call`: the bridge's pro
 limits, the token path every native loop uses.
 
 The server binds to 127.0.0.1 and a free port unless `gateway_host` / `gateway_port` say otherwise.
+An agent whose program runs inside its rollout's sandbox (workers/loops/sandbox_command.py) also
+needs `listen_unix()`: the same routes on a Unix socket, `gateway.sock` in a directory of the
+process's own (SOCKET_ROOT/<pid>, else under the temporary directory), which the sandbox gets
+bound read-only: its one way out. The directory is traversable by all and the socket writable by
+all (a sandbox's user may be anyone), which opens nothing the loopback port does not: every route
+wants a rollout's secret. Both go at `aclose()`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 import msgspec
@@ -56,6 +66,8 @@ log = logging.getLogger("farm.gateway")
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder()
 MAX_BODY_BYTES = 64 * 1024 * 1024
+SOCKET_ROOT = Path("/run/rollout-farm/gateway")
+SOCKET_NAME = "gateway.sock"
 
 
 class Gateway:
@@ -67,6 +79,7 @@ class Gateway:
         self.rollouts: dict[str, RolloutCalls] = {}
         self.tasks: dict[str, RolloutCalls] = {}
         self._runner: Optional[web.AppRunner] = None
+        self.socket_dir: Optional[Path] = None  # set by listen_unix
 
     @property
     def url(self) -> str:
@@ -86,12 +99,33 @@ class Gateway:
         log.info("gateway listening on %s", self.url)
         return self
 
+    async def listen_unix(self) -> Path:
+        """Serve on a Unix socket too (once); the directory that holds it (SOCKET_NAME inside)."""
+        if self.socket_dir is not None:
+            return self.socket_dir
+        assert self._runner is not None, "start() first"
+        directory = _socket_dir()
+        path = directory / SOCKET_NAME
+        site = web.UnixSite(self._runner, str(path))
+        try:
+            await site.start()
+            os.chmod(path, 0o666)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self.socket_dir = directory
+        log.info("gateway listening on %s", path)
+        return directory
+
     async def aclose(self) -> None:
         for rollout in list(self.rollouts.values()):
             self.close(rollout)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
 
     def open(self, rollout: RolloutCalls) -> RolloutCalls:
         self.rollouts[rollout.secret] = rollout
@@ -222,6 +256,21 @@ class Answer(NamedTuple):
     status: int
     headers: dict[str, str]
     body: bytes
+
+
+def _socket_dir() -> Path:
+    """A fresh directory of this process's for its socket: SOCKET_ROOT/<pid>, or one under the
+    temporary directory where /run is not writable. Whatever a dead process of the same pid left
+    there goes first."""
+    try:
+        SOCKET_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
+        directory = SOCKET_ROOT / str(os.getpid())
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(mode=0o700)
+    except PermissionError:
+        directory = Path(tempfile.mkdtemp(prefix=f"rollout-farm-gateway-{os.getpid()}-"))
+    os.chmod(directory, 0o711)
+    return directory
 
 
 def _body(raw: bytes) -> dict:

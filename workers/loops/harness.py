@@ -8,7 +8,7 @@ A workers config names the harness and the environment that gives it tools and v
         env: single_tool_call
       my_cli_agent:
         command: ["python", "-m", "mypkg.cli"]   # a program per rollout (see `_command`)
-        env: single_tool_call
+        env: single_tool_call                    # (command_in_sandbox: workers/loops/sandbox_command.py)
 
 In-process harnesses are trusted code: they run in the worker's event loop, with the worker's
 rights. A plain (blocking) function is refused at start-up, since it would freeze the event loop
@@ -55,6 +55,7 @@ from workers.gateway.local import local_http
 from workers.gateway.server import Gateway
 from workers.loops.context import AgentContext
 from workers.loops.env_calls import EnvironmentAgent, call_tool, read_row, sampling_for, scored
+from workers.loops.sandbox_command import SandboxCommand
 from workers.policy.chat import ChatTokenizer, chat_tools
 from workers.policy.rotation import Session
 from workers.policy.tokens import PolicyClient
@@ -164,12 +165,15 @@ class HarnessAgent(EnvironmentAgent):
         self.schemas = chat_tools([t.schema() for t in self.tools.values()])
         self.harness = load_harness(cfg.harness) if cfg.harness else None
         self.argv: list[str] = shlex.split(cfg.command) if isinstance(cfg.command, str) else list(cfg.command or [])
+        self.in_sandbox = SandboxCommand.of(name, cfg, env, self.argv)
         self.gateway: Optional[Gateway] = None
         self.http: Any = None
 
     async def setup(self) -> None:
         await super().setup()
         self.gateway = await Gateway(self.client, self.tok, self.farm.gateway_host, self.farm.gateway_port).start()
+        if self.in_sandbox is not None:
+            self.sandboxes = await self.in_sandbox.mount(self.sandboxes, self.gateway)
         if self.harness is not None:
             self.http = local_http(self.gateway)
             _load_sdk(self.http)
@@ -230,7 +234,7 @@ class HarnessAgent(EnvironmentAgent):
         mark = ctx.versions.mark() if ctx.versions is not None else None
         started = time.perf_counter()
         try:
-            answer = await self._drive(calls, htask)
+            answer = await self._drive(calls, htask, (row, state, metrics))
         finally:
             self.gateway.close(calls)
             calls.session.end()
@@ -257,9 +261,9 @@ class HarnessAgent(EnvironmentAgent):
         output.append({"type": "function_call_output", "call_id": call_id, "name": name, "output": result})
         return result
 
-    async def _drive(self, calls: RolloutCalls, htask: HarnessTask) -> Any:
+    async def _drive(self, calls: RolloutCalls, htask: HarnessTask, where: tuple) -> Any:
         """Run the harness until it returns or the gateway stops the rollout; the harness's answer."""
-        run = asyncio.ensure_future(self._invoke(calls, htask))
+        run = asyncio.ensure_future(self._invoke(calls, htask, where))
         stop = asyncio.ensure_future(calls.stopped.wait())
         try:
             await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -287,7 +291,9 @@ class HarnessAgent(EnvironmentAgent):
             )
         return run.result()
 
-    async def _invoke(self, calls: RolloutCalls, htask: HarnessTask) -> Any:
+    async def _invoke(self, calls: RolloutCalls, htask: HarnessTask, where: tuple) -> Any:
+        if self.in_sandbox is not None:  # where: the row, the state, the metrics
+            return await self.in_sandbox.run(calls, *where)
         if self.harness is not None:
             from openai import AsyncOpenAI
 
