@@ -322,3 +322,23 @@ async def test_dockerfile_errors_name_the_line(backend: LocalBackend, tmp_path: 
         await backend.build(ImageSpec(offline))  # RUN has no network
     images = backend.data_dir / "sandbox" / "images"
     assert [p.name for p in images.iterdir() if p.is_dir()] == []  # no image, no half-built one
+
+
+def test_execs_run_under_uvloop_the_workers_loop_even_after_one_leaves_its_output_open(backend: LocalBackend) -> None:
+    """A worker's loop is uvloop: an exec spawns through the standard library there too, and a pipe a
+    background process keeps open leaves the loop when its exec ends, so the next execs, which get
+    the same descriptor numbers, still start (uvloop refused them with EEXIST)."""
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is the worker's default loop where it is installed")
+
+    async def main() -> list[str]:
+        box = await backend.start(SandboxSpec(image=BASE, lifetime_s=60))
+        try:
+            held = await box.exec("sleep 30 & echo started", timeout_s=10)  # the sleep keeps stdout open
+            said = [held.stdout.strip()]
+            for i in range(20):
+                said.append((await box.exec(f"echo {i}", timeout_s=10)).stdout.strip())
+            return said
+        finally:
+            await box.close()
+
+    assert uvloop.run(main()) == ["started", *[str(i) for i in range(20)]]

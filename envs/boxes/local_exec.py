@@ -42,6 +42,7 @@ from envs.sandbox.isolation import PR_CAPBSET_DROP, libc
 KEEP_CAPS = frozenset({0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31})
 NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
 OUTPUT_GRACE_S = 0.5
+FEED_GRACE_S = 2.0  # an exec's stdin writer, once the program has ended
 
 
 @dataclass
@@ -146,11 +147,14 @@ async def _feed(pipe: Any, data: bytes) -> None:
         writer.close()
 
 
-async def _reader(pipe: Any) -> asyncio.StreamReader:
+async def _reader(pipe: Any) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """The pipe as a stream, and its transport, which the caller closes: a pipe left open past its
+    exec (a background process holds it) must leave the loop's registry with it, or a later pipe
+    with the same descriptor number cannot be registered (uvloop: EEXIST)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 16)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-    return reader
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return reader, transport
 
 
 class _Child:
@@ -213,8 +217,8 @@ async def run_inside(
     )
     proc = _Child(popen)
     out, err = _Sink(max_output), _Sink(max_output)
-    streams = await _reader(popen.stdout), await _reader(popen.stderr)
-    readers = asyncio.ensure_future(asyncio.gather(out.drain(streams[0]), err.drain(streams[1])))
+    (out_stream, out_pipe), (err_stream, err_pipe) = await _reader(popen.stdout), await _reader(popen.stderr)
+    readers = asyncio.ensure_future(asyncio.gather(out.drain(out_stream), err.drain(err_stream)))
     feeder = asyncio.ensure_future(_feed(popen.stdin, stdin)) if stdin is not None else None
     timed_out = False
     try:
@@ -231,9 +235,13 @@ async def run_inside(
     finally:
         if proc.returncode is None:  # cancelled while it ran
             kill_exec(proc, cg, group)
+        if feeder is not None:  # it ends at once when the program has (a broken pipe): let it close its pipe
+            await asyncio.wait([feeder], timeout=FEED_GRACE_S)
         for task in (readers, feeder):
             if task is not None and not task.done():
                 task.cancel()
+        out_pipe.close()
+        err_pipe.close()
         if not cg.pids(group):
             cg.drop_group(group)
     code = proc.returncode if proc.returncode is not None else -1
