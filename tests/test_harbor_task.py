@@ -1,6 +1,6 @@
 """Harbor task directories read natively (envs/harbor/task.py), the project's suite, and its rows.
 
-The suite runs for real (nop 0, solution 1) in tests/test_harbor_suite.py and is read by Harbor's
+The suite runs for real (nop 0, solution 1) in tests/test_harbor_farm.py and is read by Harbor's
 own parser in tests/test_harbor_parser.py; here it is checked as files: every task loads, with
 the tiers, limits and Dockerfile subset the farm's backends need. Broken tasks are made in tmp_path.
 """
