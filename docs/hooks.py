@@ -1,22 +1,27 @@
-"""MkDocs hook: the configuration page's settings tables, generated from farm/settings.py at build time.
+"""The configuration page's settings tables, generated from farm/settings.py and kept in the page.
 
 Hand-kept tables of settings drift: a field is added, a default changes, and the page still shows the
-old one. So docs/configuration.md holds only the prose and a marker, and this hook replaces the marker
-with one table per group of fields, read from the code itself: each field's name, type and default
-come from `farm.settings.Settings` (msgspec), its environment variable is `FARM_` + the upper-case
-name (exactly what `load_settings` reads), and its comment from the source (the one on its line, or
-the lines above it). The groups are named below by the field that opens each.
+old one. So the tables in docs/configuration.md, between the markers below, are written by this
+module from the code itself: `python docs/hooks.py --write` regenerates them (`--check` only
+compares). Each field's name, type and default come from `farm.settings.Settings` (msgspec), its
+environment variable is `FARM_` + the upper-case name (exactly what `load_settings` reads), and its
+comment from the source (the one on its line, or the lines above it). The groups are named below by
+the field that opens each. The tables live in the file, not only in the built site, so the page reads
+right on GitHub too; tests/test_docs_config.py and, as an MkDocs hook, the site build fail when they
+differ from what the code gives, naming the command that regenerates them.
 
 The longer explanations a reader needs (what `reclaim_interval_s` is for, which values a URL takes)
-live in docs/settings-notes.yml, one entry per field. A note for a field that no longer exists fails
-the build, and so does a field with neither a note nor a comment, so neither can go stale silently.
+live in docs/settings-notes.yml, one entry per field. A note for a field that no longer exists fails,
+and so does a field with neither a note nor a comment, so neither can go stale silently.
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import io
 import re
+import sys
 import tokenize
 import typing
 from pathlib import Path
@@ -28,9 +33,13 @@ from mkdocs.exceptions import PluginError
 
 from farm import settings as farm_settings
 
-MARKER = "<!-- settings-tables -->"
 PAGE = "configuration.md"
+PAGE_PATH = Path(__file__).with_name(PAGE)
 NOTES = Path(__file__).with_name("settings-notes.yml")
+REGENERATE = "python docs/hooks.py --write"
+# The generated tables sit between these two lines of the page.
+BEGIN = f"<!-- settings-tables: generated from farm/settings.py and docs/settings-notes.yml by `{REGENERATE}` -->"
+END = "<!-- /settings-tables -->"
 
 
 # The groups of the tables, each named by the field that opens it; later fields follow in the
@@ -151,12 +160,58 @@ def _type_hints() -> dict[str, Any]:
     return typing.get_type_hints(farm_settings.Settings)
 
 
+# -- the page --------------------------------------------------------------------------------------
+
+
+def with_tables(page: str, tables: str) -> str:
+    """The page with `tables` between its markers (ValueError when a marker is missing)."""
+    if page.count(BEGIN) != 1 or page.count(END) != 1 or page.index(BEGIN) > page.index(END):
+        raise ValueError(f"{PAGE} must hold the lines {BEGIN!r} and {END!r} once each, in that order")
+    head, rest = page.split(BEGIN)
+    return head + BEGIN + "\n\n" + tables + "\n" + END + rest.split(END, 1)[1]
+
+
+def stale(page: str) -> str | None:
+    """Why the page's tables are not what the code gives, or None when they are."""
+    if with_tables(page, settings_markdown()) == page:
+        return None
+    return f"docs/{PAGE}: its settings tables differ from farm/settings.py: run `{REGENERATE}`"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=f"Regenerate or check the settings tables of docs/{PAGE}.")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--write", action="store_true", help="rewrite the tables in the page from the code")
+    how.add_argument("--check", action="store_true", help="only say whether they differ (the default)")
+    write = parser.parse_args(argv).write
+    page = PAGE_PATH.read_text()
+    try:
+        if write:
+            new = with_tables(page, settings_markdown())
+            if new != page:
+                PAGE_PATH.write_text(new)
+            print(f"docs/{PAGE}: {'tables regenerated' if new != page else 'tables already up to date'}")
+            return 0
+        problem = stale(page)
+    except ValueError as exc:
+        print(f"docs/hooks.py: {exc}", file=sys.stderr)
+        return 1
+    print(problem or f"docs/{PAGE}: tables up to date", file=sys.stderr if problem else sys.stdout)
+    return 1 if problem else 0
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """The site build's check: the page is built as it is in the file, and fails when it is stale."""
     if page.file.src_uri != PAGE:
         return markdown
-    if MARKER not in markdown:
-        raise PluginError(f"{PAGE} lost its marker {MARKER!r}: the settings tables have nowhere to go")
     try:
-        return markdown.replace(MARKER, settings_markdown())
-    except ValueError as exc:  # a setting without a meaning, a note for a setting that is gone
+        problem = stale(markdown)
+    except ValueError as exc:  # a setting without a meaning, a note for a setting that is gone, a lost marker
         raise PluginError(f"{PAGE}: {exc}") from None
+    if problem:
+        raise PluginError(problem)
+    return markdown
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
