@@ -67,9 +67,11 @@ class DataError(ConfigError):
     """Input the command cannot use, as given: the user fixes the file or the option (exit 2)."""
 
     def __init__(self, message: str, errors: Optional[list[LineError]] = None, total: Optional[int] = None):
+        self.summary = message  # the message without the listed lines (`farm data prepare` prints each on its own)
         self.errors = errors or []
+        self.total = total or len(self.errors)
         shown = "".join(f"\n  {e}" for e in self.errors[:MAX_REPORTED])
-        more = (total or len(self.errors)) - min(len(self.errors), MAX_REPORTED)
+        more = self.total - min(len(self.errors), MAX_REPORTED)
         super().__init__(message + shown + (f"\n  ... and {more} more" if more > 0 else ""))
 
 

@@ -102,16 +102,30 @@ def data_prepare(g: Globals, path, agent, replace_agent, output, lenient, no_che
     settings = g.settings()
     agents = None if no_check_agents else known_agents(settings)
     types = None if no_check_agents else data_mod.row_types({n: a.env for n, a in settings.agents.items()})
-    data_mod.run_prepare(
-        path,
-        agent=agent,
-        output=output,
-        strict=not lenient,
-        agents=agents,
-        replace_agent=replace_agent,
-        row_type_of=types,
-    )
+    try:
+        data_mod.run_prepare(
+            path,
+            agent=agent,
+            output=output,
+            strict=not lenient,
+            agents=agents,
+            replace_agent=replace_agent,
+            row_type_of=types,
+        )
+    except data_mod.DataError as exc:
+        if not exc.errors:
+            raise
+        _echo_line_errors(path, exc)
+        raise data_mod.DataError(exc.summary) from None  # the summary: the error boundary's one line
     return 0
+
+
+def _echo_line_errors(path: str, exc: Any) -> None:
+    """One line per bad line of the file (each naming its line number), before the summary line."""
+    for error in exc.errors:
+        click.echo(" ".join(f"{path}: {error}".split()), err=True)
+    if exc.total > len(exc.errors):
+        click.echo(f"{path}: ... and {exc.total - len(exc.errors)} more invalid lines", err=True)
 
 
 @data.command("blend", epilog="Example:\n\n  farm data blend a.jsonl b.jsonl -o mix.jsonl")
