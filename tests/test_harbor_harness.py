@@ -183,3 +183,26 @@ def test_the_example_agent_is_standard_library_only():
         if isinstance(n, (ast.Import, ast.ImportFrom))
     }
     assert names <= set(sys.stdlib_module_names), names - set(sys.stdlib_module_names)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_agent_past_its_time_is_killed_and_graded_on_what_it_did(
+    settings, backend, agents_config, model_dir, tokenizer, tmp_path
+):
+    """The agent's command sleeps past the task's 3 s agent timeout: the exec kills it and all it
+    started, and the tests grade what it left (the file it wrote first): 1, with `agent_timeout`."""
+    from test_harbor_farm import make_task
+
+    call = json.dumps({"name": "bash", "arguments": {"command": "touch /app/done; sleep 100"}})
+    replies = [tokenizer.encode(f"<tool_call>\n{call}\n</tool_call>") + [tokenizer.eos_id]]
+    script = Script(token_replies=replies, model="stub", max_model_len=4096)
+    rows = [task_row(load_task(make_task(tmp_path / "suite", "slow-agent", "true\n", agent=3)), AGENT)]
+    with stub_processes(script, tmp_path, latency_s=0.01) as start:
+        got = run_through_worker(
+            settings, start(), model_dir, AGENT, rows, FARM_CONFIG=agents_config, FARM_SANDBOX_BACKEND=backend
+        )
+    (r,) = got
+    assert (r.status, r.reward) == (Status.ok, 1.0), r.error
+    assert r.metrics["agent_timeout"] is True and r.metrics["harness_s"] < 30
+    assert _left(settings.namespace, backend) == []
