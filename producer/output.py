@@ -27,7 +27,7 @@ import msgspec
 
 from farm.errors import ConfigError
 from farm.keys import check_name
-from farm.schema import Rollout, Task
+from farm.schema import Rollout, Task, TokenTrace
 
 _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
@@ -124,21 +124,22 @@ def _parse(raw: bytes, number: int, index: int, agent_override: Optional[str]) -
 # -- output lines --------------------------------------------------------------------------
 
 
+def trace_record(trace: TokenTrace) -> dict[str, Any]:
+    """A token trace as plain JSON types: lists, not packed bytes (the wire's little-endian arrays)."""
+    return {
+        "prompt_ids": trace.prompt().tolist(),
+        "completion_ids": trace.completion().tolist(),
+        "logprobs": trace.completion_logprobs().tolist(),
+        "env_mask": trace.mask(),
+        "turns": [list(t) for t in trace.turns],
+    }
+
+
 def rollout_record(rollout: Rollout) -> dict[str, Any]:
-    """The rollout as plain JSON types: the token trace as lists, not packed bytes."""
-    trace = rollout.trace
-    out = msgspec.to_builtins(msgspec.structs.replace(rollout, trace=None))
-    out["trace"] = (
-        None
-        if trace is None
-        else {
-            "prompt_ids": trace.prompt().tolist(),
-            "completion_ids": trace.completion().tolist(),
-            "logprobs": trace.completion_logprobs().tolist(),
-            "env_mask": trace.mask(),
-            "turns": [list(t) for t in trace.turns],
-        }
-    )
+    """The rollout as plain JSON types: the token trace and each further segment as lists, in one encoding."""
+    out = msgspec.to_builtins(msgspec.structs.replace(rollout, trace=None, segments=[]))
+    out["trace"] = None if rollout.trace is None else trace_record(rollout.trace)
+    out["segments"] = [trace_record(segment) for segment in rollout.segments]
     return out
 
 
@@ -255,11 +256,22 @@ def to_parquet(journal: Path, out: Path, batch: int = 4096) -> int:
     """Convert the journal to parquet in batches (bounded memory); returns the rows written.
 
     Flat, fixed columns so files from any mix of environments share one schema: token traces
-    as typed lists (ready for training), the free-form parts (row, output items, metrics)
-    as JSON strings. Loads with `datasets.load_dataset("parquet", data_files=...)`.
+    as typed lists (ready for training), a harness rollout's further segments as a list of
+    structs of the same lists, the free-form parts (row, output items, metrics) as JSON strings.
+    Loads with `datasets.load_dataset("parquet", data_files=...)`.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    segment = pa.struct(
+        [
+            ("prompt_ids", pa.list_(pa.int32())),
+            ("completion_ids", pa.list_(pa.int32())),
+            ("logprobs", pa.list_(pa.float32())),
+            ("env_mask", pa.list_(pa.int8())),
+            ("turns", pa.list_(pa.list_(pa.int32()))),
+        ]
+    )
 
     schema = pa.schema(
         [
@@ -279,6 +291,7 @@ def to_parquet(journal: Path, out: Path, batch: int = 4096) -> int:
             ("completion_ids", pa.list_(pa.int32())),
             ("logprobs", pa.list_(pa.float32())),
             ("env_mask", pa.list_(pa.int8())),
+            ("segments", pa.list_(segment)),
             ("latency_s", pa.float64()),
             ("worker_id", pa.string()),
             ("policy_version", pa.int64()),
@@ -319,6 +332,7 @@ def to_parquet(journal: Path, out: Path, batch: int = 4096) -> int:
                 ("completion_ids", trace.get("completion_ids", [])),
                 ("logprobs", trace.get("logprobs", [])),
                 ("env_mask", trace.get("env_mask", [])),
+                ("segments", r.get("segments") or []),
                 ("latency_s", (r.get("timings") or {}).get("total_s")),
                 ("worker_id", r.get("worker_id", "")),
                 ("policy_version", r.get("policy_version", 0)),
