@@ -40,15 +40,25 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol
 
 from envs.boxes.base import load_base
 from envs.boxes.images import REF_PREFIX, ImageConfig, images_dir, is_base
 from envs.boxes.local_exec import Identity
 from envs.sdk.sandbox import ImageSpec, SandboxSpec, SandboxStartError, SandboxUnavailable
 
-if TYPE_CHECKING:
-    from envs.boxes.local import LocalBackend
+
+class LocalBackend(Protocol):
+    """What a build needs of the local backend (envs/boxes/local.py), typed here so the backend may
+    import this module and not the other way round."""
+
+    aliases: Mapping[str, str]
+    data_dir: Path
+
+    async def start_on(
+        self, spec: SandboxSpec, image: ImageConfig, lowerdirs: list[str], upper: Optional[Path] = None
+    ) -> Any: ...
+
 
 __all__ = ["Instruction", "build_image", "parse"]
 
