@@ -110,6 +110,9 @@ async def test_exec_round_trip(backend):
     assert (len(r.stderr), r.stderr_dropped) == (1000, 4000)
     r = await box.exec(["no-such-command"], timeout_s=10)
     assert r.exit_code == 127 and "not found" in r.stderr
+    r = await box.exec("sleep 60 & echo started", timeout_s=30)  # returns when bash does, the sleep holding stdout
+    assert r.ok and r.stdout == "started\n" and r.duration_s < 5
+    assert any(p.startswith("sleep 60") for p in await processes(box))  # left running, as asked
     r = await box.exec("pwd", timeout_s=10, cwd="/no/such/dir")
     assert r.exit_code == 126 and "/no/such/dir" in r.stderr and r.stdout == ""  # the runtime's reason
     r = await box.exec("kill -TERM $$", timeout_s=10)

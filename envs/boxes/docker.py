@@ -35,19 +35,20 @@ scan, repeated until nothing is left):
 - `close` / `remove`: the whole container (`rm -f`), shielded from the caller's cancellation.
 
 The image must have /bin/sh and `sleep`. A string command runs under `bash -lc`, or `sh -c` when
-bash is absent; a list runs as given. Output: each stream keeps its first `max_output` bytes and
-counts the rest. A command killed by signal N exits 128 + N (137: SIGKILL, the OOM killer's).
+bash is absent; a list runs as given. An exec returns when its program ends, not when the
+children it left in the background let go of its output (`docker exec` waits for those): they
+keep running, and their later output is not read (a running exec is asked about once a second).
+Output: each stream keeps its first `max_output` bytes and counts the rest. A command killed by
+signal N exits 128 + N (137: SIGKILL, the OOM killer's).
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import math
 import os
 import socket
-import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -58,7 +59,17 @@ import aiohttp
 from envs.boxes.aliases import load_aliases
 from envs.boxes.base import BASE_IMAGE
 from envs.boxes.docker_build import Builder
-from envs.boxes.docker_engine import STDERR, STDOUT, ApiError, Engine, Output, tar_bytes, tar_dir, untar_into
+from envs.boxes.docker_engine import (
+    STDERR,
+    STDOUT,
+    ApiError,
+    Engine,
+    Output,
+    first_member,
+    tar_bytes,
+    tar_dir,
+    untar_into,
+)
 from envs.boxes.docker_scripts import KILL, WRAP_ARGV, WRAP_STRING
 from envs.sdk.sandbox import (
     DEFAULT_MAX_OUTPUT,
@@ -77,6 +88,8 @@ from envs.sdk.sandbox import (
 
 __all__ = ["DockerBackend", "DockerSandbox"]
 
+_WATCH_S = 1.0  # at most this long between asking whether a running exec's program has ended
+_DRAIN_S = 0.1  # output read after the program ended, while its background children hold the streams
 _GRACE_S = 3.0  # how long a killed command's stream may take to end before it is dropped
 _KILL_TIMEOUT_S = 20.0
 
@@ -99,29 +112,27 @@ class DockerSandbox:
         if self._closed:
             raise SandboxError(f"sandbox {self.id[:12]} is closed")
         body: dict = {"Cmd": list(argv), "AttachStdout": True, "AttachStderr": True, "Tty": False}
-        if cwd:
-            body["WorkingDir"] = cwd
-        if env:
-            body["Env"] = [f"{k}={v}" for k, v in env.items()]
-        if user:
-            body["User"] = user
+        given = {"WorkingDir": cwd, "Env": [f"{k}={v}" for k, v in (env or {}).items()], "User": user}
+        body.update({k: v for k, v in given.items() if v})
         exec_id = (await self._engine.call("POST", f"/containers/{self.id}/exec", body=body))["Id"]
         resp = await self._engine.open(
             "POST", f"/exec/{exec_id}/start", body={"Detach": False, "Tty": False}, timeout_s=None
         )
         return exec_id, resp
 
-    async def _exit_code(self, exec_id: str, deadline: float) -> Optional[int]:
-        """The exec's exit code once it has exited; None when it still runs at `deadline`."""
-        delay = 0.005
+    async def _exit_code(
+        self, exec_id: str, deadline: float, every_s: float = 0.2, delay: float = 0.0
+    ) -> Optional[int]:
+        """The exec's exit code once it has exited (asked after `delay`, then at doubling intervals
+        up to `every_s`); None when it still runs at `deadline`."""
         while True:
+            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
             state = await self._engine.call("GET", f"/exec/{exec_id}/json")
-            if not state.get("Running"):
-                return int(state.get("ExitCode") or 0)
+            if not state.get("Running") and state.get("ExitCode") is not None:  # None: not started yet
+                return int(state["ExitCode"])
             if time.monotonic() >= deadline:
                 return None
-            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-            delay = min(delay * 2, 0.2)
+            delay = min(max(delay * 2, 0.005), every_s)
 
     async def exec(
         self,
@@ -141,11 +152,19 @@ class DockerSandbox:
         exec_id, resp = await self._exec_open(argv, cwd, env, user)
         out = Output(max_output)
         reader = asyncio.ensure_future(out.read(resp))
+        # The program may end while children it left in the background still hold its output open.
+        watcher = asyncio.ensure_future(self._exit_code(exec_id, deadline, _WATCH_S, delay=0.1))
         code: Optional[int] = None
         try:
-            await asyncio.wait({reader}, timeout=max(deadline - time.monotonic(), 0))
+            await asyncio.wait(
+                {reader, watcher}, timeout=max(deadline - time.monotonic(), 0), return_when="FIRST_COMPLETED"
+            )
             if reader.done():  # the streams ended; the command may still run with both closed
+                watcher.cancel()
                 code = await self._exit_code(exec_id, deadline)
+            elif watcher.done():  # the program ended: what it wrote is read, its children's is not waited for
+                code = watcher.result()
+                await asyncio.wait({reader}, timeout=_DRAIN_S)
             if code is None:
                 await self._end(out.pid)
                 await asyncio.wait({reader}, timeout=_GRACE_S)
@@ -154,6 +173,7 @@ class DockerSandbox:
             raise
         finally:
             reader.cancel()
+            watcher.cancel()
             resp.close()
         return ExecResult(
             exit_code=-1 if code is None else code,
@@ -231,17 +251,16 @@ class DockerSandbox:
 
     async def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
         path = self._path(path)
-        for _ in range(8):  # a symlink is followed, a few levels deep
-            with tarfile.open(fileobj=io.BytesIO(await self._get(path)), mode="r") as tar:
-                member = tar.next()
-                if member is None or member.isdir():
-                    raise SandboxError(f"[Errno 21] Is a directory: '{path}'")
-                if not member.issym():
-                    f = tar.extractfile(member)
-                    return f.read(max_bytes) if f else b""
-                target = member.linkname
-            path = target if target.startswith("/") else f"{path.rpartition('/')[0]}/{target}"
-        raise SandboxError(f"[Errno 40] Too many levels of symbolic links: '{path}'")
+        for _ in range(8):  # a symlink is followed a few levels deep; a file torn by a rewrite is read again
+            kind, body = first_member(await self._get(path), max_bytes)
+            if kind == "file":
+                return body
+            if kind == "dir":
+                raise SandboxError(f"[Errno 21] Is a directory: '{path}'")
+            if kind == "link":
+                target = body.decode()
+                path = target if target.startswith("/") else f"{path.rpartition('/')[0]}/{target}"
+        raise SandboxError(f"cannot read '{path}': too many levels of symbolic links, or rewritten on every read")
 
     async def upload_dir(self, src: Path, dest: str) -> None:
         dest = self._path(dest).rstrip("/") or "/"
@@ -277,7 +296,6 @@ class DockerBackend:
         self.namespace = namespace
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         self.base_image = base_image
-        self._features: Optional[dict] = None
 
     async def aclose(self) -> None:
         await self.engine.close()
@@ -303,26 +321,6 @@ class DockerBackend:
             raise
         except SandboxError as e:
             raise SandboxStartError(str(e)) from None
-
-    async def _host_features(self) -> dict:
-        """Once per backend: the host's CPUs, whether it has docker-init, and the storage size option."""
-        if self._features is None:
-            info = await self.engine.call("GET", "/info")
-            version = await self.engine.call("GET", "/version")
-            init = any(
-                c.get("Name") == "docker-init" and c.get("Version") not in (None, "", "N/A")
-                for c in version.get("Components") or []
-            )
-            status = dict((k, v) for k, v in info.get("DriverStatus") or [] if isinstance(k, str))
-            sized = (info.get("Driver") == "overlay2" and status.get("Backing Filesystem") == "xfs") or info.get(
-                "Driver"
-            ) in ("btrfs", "zfs")
-            self._features = {
-                "ncpu": info.get("NCPU") or os.cpu_count() or 1,
-                "init": init and bool(info.get("InitBinary")),
-                "size": sized,
-            }
-        return self._features
 
     def _create_body(self, spec: SandboxSpec, features: dict) -> dict:
         labels = {LABEL_NAMESPACE: self.namespace, LABEL_WORKER: self.worker, LABEL_TASK: ""}
@@ -354,7 +352,7 @@ class DockerBackend:
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
         sandbox_id = ""
         try:
-            features = await self._host_features()
+            features = await self.engine.features()
             name = f"rollout-farm-{uuid.uuid4().hex[:12]}"
             created = await self.engine.call(
                 "POST", "/containers/create", params={"name": name}, body=self._create_body(spec, features)

@@ -29,7 +29,7 @@ import aiohttp
 
 from envs.sdk.sandbox import SandboxError, SandboxUnavailable
 
-__all__ = ["ApiError", "Engine", "Output", "default_host", "tar_bytes", "tar_dir", "untar_into"]
+__all__ = ["ApiError", "Engine", "Output", "default_host", "first_member", "tar_bytes", "tar_dir", "untar_into"]
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 STDOUT, STDERR = 1, 2
@@ -60,6 +60,7 @@ class Engine:
         self.request_timeout_s = request_timeout_s
         self._session: Optional[aiohttp.ClientSession] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._features: Optional[dict] = None
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -79,6 +80,22 @@ class Engine:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+    async def features(self) -> dict:
+        """Once per engine: the host's CPUs, whether the daemon has docker-init, and whether its
+        storage driver enforces a size (overlay2 on xfs with project quotas, btrfs, zfs)."""
+        if self._features is None:
+            info = await self.call("GET", "/info")
+            version = await self.call("GET", "/version")
+            parts = {c.get("Name"): c.get("Version") for c in version.get("Components") or []}
+            status = {k: v for k, v in info.get("DriverStatus") or [] if isinstance(k, str)}
+            xfs = info.get("Driver") == "overlay2" and status.get("Backing Filesystem") == "xfs"
+            self._features = {
+                "ncpu": info.get("NCPU") or os.cpu_count() or 1,
+                "init": parts.get("docker-init") not in (None, "", "N/A") and bool(info.get("InitBinary")),
+                "size": xfs or info.get("Driver") in ("btrfs", "zfs"),
+            }
+        return self._features
 
     def _timeout(self, total: Optional[float]) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout_s)
@@ -219,6 +236,23 @@ def tar_dir(src: Path, arcname: str, replace: Optional[Mapping[str, bytes]] = No
             else:
                 tar.add(str(path), arcname=name, recursive=False, filter=swap)
     return buf.getvalue()
+
+
+def first_member(data: bytes, max_bytes: int) -> tuple[str, bytes]:
+    """The first member of a tar the daemon sent for one path: ("file", its first max_bytes),
+    ("link", its target), ("dir", b""), or ("torn", b"") when the tar ends early (the file was
+    rewritten while the daemon sent it: its header promised more bytes than followed)."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+            member = tar.next()
+            if member is None or member.isdir():
+                return "dir", b""
+            if member.issym():
+                return "link", member.linkname.encode()
+            f = tar.extractfile(member)
+            return "file", f.read(max_bytes) if f else b""
+    except tarfile.ReadError:
+        return "torn", b""
 
 
 def untar_into(data: bytes, dest: Path) -> None:
