@@ -15,11 +15,13 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from helpers import ROOT
 from helpers.policies import ScriptedPolicy, hermes
+from helpers.processes import processes_in_session
 
 from envs.sdk import Environment, ErrorKind, RolloutFailure, ToolArgumentError, Transcript, env_class
 from farm.schema import Status, Task
@@ -144,13 +146,18 @@ def test_the_guides_try_it_commands_run_as_written(settings, model_dir, tmp_path
         )
         try:
             proc.wait(timeout=240)
+            # The block ends what it started (the stub): within seconds nothing of its session is left.
+            deadline = time.monotonic() + 15
+            while (left := processes_in_session(proc.pid)) and time.monotonic() < deadline:
+                time.sleep(0.1)
         finally:
             try:
-                os.killpg(proc.pid, signal.SIGTERM)  # the stub the block left running
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever it did leave, so no test run inherits it
             except ProcessLookupError:
                 pass
     out = log.read_text()
     assert proc.returncode == 0, out
+    assert left == [], f"the guide's block left these running: {left}\n{out}"
     assert "8 new rollouts" in out, out
     rollouts = [json.loads(line)["rollout"] for line in (cwd / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == 8 and all(r["status"] == "ok" for r in rollouts), out

@@ -64,6 +64,23 @@ def processes_of(namespace: str) -> list[int]:
     return out
 
 
+def processes_in_session(sid: int) -> list[str]:
+    """The command lines of the live processes of session `sid` (a process started with
+    `start_new_session=True` leads one whose id is its pid; its children stay in it)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            state, _ppid, _pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
+            if int(session) == sid and state != "Z":
+                out.append(cmdline.replace(b"\0", b" ").decode(errors="replace").strip())
+    return out
+
+
 def need_binary(name: str, package: str) -> str:
     """The path of a system binary the test needs; scripts/test installs it (apt) where it can.
     Missing: a skip that says why, except under CI=true, where it is a failure."""
