@@ -4,10 +4,10 @@ The Redis on 127.0.0.1:6379 (or $FARM_TEST_REDIS_URL) when it answers; otherwise
 redis-server started for the session. Each test gets its own namespace, and its keys are
 deleted afterwards, so tests never see each other's streams.
 
-The helpers the tests share live in `tests/helpers/`, one module per concern; this module
-re-exports the names it held before they moved, so `from conftest import X` keeps working, but
-new code imports from `helpers`. It also installs the check that a test which starts a process or
-a server carries the `slow` marker (`helpers.markers`).
+Only fixtures live here. The helpers the tests share are in `tests/helpers/`, one module per
+concern, and tests import them from there (`from helpers.workers import spawn_worker`). This
+module also installs the check that a test which starts a process or a server carries the `slow`
+marker (`helpers.markers`).
 """
 
 from __future__ import annotations
@@ -17,57 +17,11 @@ import uuid
 
 import pytest
 import redis
-from helpers import ROOT, markers
-from helpers.browser import browser_path, fits_width, page_ready
-from helpers.data import as_row, trainer_row
-from helpers.policies import ScriptedPolicy, hermes, stub_processes
-from helpers.processes import farm_process, need_binary, processes_of, stop, stop_all
-from helpers.redis import FAST, cleanup, consumer_with_tasks, make_settings, run_script
-from helpers.redis import answers as _answers
-from helpers.trainer import CharTokenizer, one_step_config, tiny_model
-from helpers.waiting import async_wait_for, wait_for
-from helpers.workers import in_process_worker, run_through_worker, spawn_worker, worker_env
+from helpers import markers
+from helpers.redis import answers, cleanup, make_settings
 
-from farm.embedded import EmbeddedRedis, free_port
-from farm.settings import Settings, load_settings
-from workers.supervise.stack import policy_env
-
-# The names tests imported from here before the helpers moved (`from conftest import X`).
-__all__ = [
-    "FAST",
-    "ROOT",
-    "CharTokenizer",
-    "EmbeddedRedis",
-    "ScriptedPolicy",
-    "Settings",
-    "as_row",
-    "async_wait_for",
-    "browser_path",
-    "cleanup",
-    "consumer_with_tasks",
-    "farm_process",
-    "fits_width",
-    "free_port",
-    "hermes",
-    "in_process_worker",
-    "load_settings",
-    "make_settings",
-    "need_binary",
-    "one_step_config",
-    "page_ready",
-    "policy_env",
-    "processes_of",
-    "run_script",
-    "run_through_worker",
-    "spawn_worker",
-    "stop",
-    "stop_all",
-    "stub_processes",
-    "tiny_model",
-    "trainer_row",
-    "wait_for",
-    "worker_env",
-]
+from farm.embedded import EmbeddedRedis
+from farm.settings import Settings
 
 
 def pytest_configure(config):
@@ -77,7 +31,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
     url = os.environ.get("FARM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    if _answers(url):
+    if answers(url):
         yield url
         return
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()

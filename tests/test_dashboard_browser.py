@@ -18,13 +18,17 @@ import time
 
 import pytest
 import redis
+from helpers import ROOT
+from helpers.browser import browser_path, page_ready
+from helpers.processes import farm_process, stop_all
+from helpers.redis import make_settings
+from helpers.waiting import wait_for
 
 from farm import history
 from farm.client import FarmClient
 from farm.dashboard import data
+from farm.embedded import free_port
 from workers.loops.sandboxes import SandboxStats
-
-from conftest import ROOT, browser_path, farm_process, free_port, make_settings, page_ready, stop_all, wait_for
 
 pytestmark = pytest.mark.slow
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"

@@ -3,7 +3,7 @@
 Here against a stand-in speaking the protocol (tests/nemo_gym_standin.py, served in this
 process), which can also misbehave on request, for the error paths; against NeMo Gym's own
 servers in tests/test_env_nemo_gym_server_real.py, which uses the rows and helpers below. The
-rollouts' tool calls come from a scripted policy (conftest's ScriptedPolicy): no small model makes
+rollouts' tool calls come from a scripted policy (helpers.policies' ScriptedPolicy): no small model makes
 a given call sequence on demand.
 """
 

@@ -10,7 +10,7 @@ that raises is retried, then a failed rollout naming its exception; a harness ag
 start-up under policy_kind chat; a running harness rollout cancelled, its model request closed.
 
 The worker imports this module for the raising harness (`test_harness_workers:raising`): its
-tests/ directory is put on the worker's PYTHONPATH, so the module and its `conftest` import there
+tests/ directory is put on the worker's PYTHONPATH, so the module and its `helpers` import there
 as they do under pytest.
 """
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import ROOT
 
 from trainer.config import TrainConfig, load_train_config, model_path
-
-from conftest import ROOT
 
 
 def test_every_key_of_the_training_config_is_documented_in_the_training_page():

@@ -9,8 +9,8 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-
-from conftest import one_step_config, tiny_model, trainer_row
+from helpers.data import trainer_row
+from helpers.trainer import one_step_config, tiny_model
 
 pytest.importorskip("transformers")
 
@@ -54,12 +54,13 @@ def test_three_flat_steps_in_a_row_warn_once_and_a_step_with_signal_starts_over(
 def test_a_run_on_rows_that_all_score_1_warns_after_3_steps(settings, model_dir, tmp_path, caplog):
     """Before, nothing said so: the run trained 3 steps on nothing."""
     import redis
+    from helpers.processes import stop
+    from helpers.waiting import wait_for
+    from helpers.workers import spawn_worker
 
     from farm.state import live_workers
     from trainer.train import build_trainer
     from trainer.weights import NoSync
-
-    from conftest import spawn_worker, stop, wait_for
 
     proc = spawn_worker(settings, "--agent", "noop", "--concurrency", "4")
     r = redis.Redis.from_url(settings.redis_url)

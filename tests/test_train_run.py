@@ -19,8 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-from conftest import ROOT, one_step_config, spawn_worker, stop, tiny_model, trainer_row, wait_for, worker_env
+from helpers import ROOT
+from helpers.data import trainer_row
+from helpers.processes import stop
+from helpers.trainer import one_step_config, tiny_model
+from helpers.waiting import wait_for
+from helpers.workers import spawn_worker, worker_env
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")

@@ -14,8 +14,10 @@ import sys
 import time
 
 import pytest
+from helpers import ROOT
+from helpers.processes import processes_of
 
-from conftest import ROOT, free_port, processes_of
+from farm.embedded import free_port
 
 CONFIG = ROOT / "configs" / "grpo_smollm2_multi_env.yaml"
 

@@ -14,12 +14,12 @@ import os
 import time
 
 import pytest
-from helpers.trainer import even_tokens, one_step_config, tiny_model
+from helpers.data import trainer_row
+from helpers.trainer import CharTokenizer, even_tokens, one_step_config, tiny_model
 from helpers.waiting import wait_for
+from helpers.workers import spawn_worker
 
 from farm.schema import Sampling
-
-from conftest import CharTokenizer, spawn_worker, trainer_row
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
