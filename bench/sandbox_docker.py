@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from envs.boxes.base import BASE_IMAGE  # noqa: E402
 from envs.boxes.docker import DockerBackend  # noqa: E402
-from envs.sdk.sandbox import SandboxSpec  # noqa: E402
+from envs.sdk.sandbox import SandboxBackend, SandboxSpec  # noqa: E402
 
 SLOW_S = 5.0
 
@@ -51,7 +51,7 @@ def summary(values: list[float]) -> dict:
     return {"n": len(values), "p50_ms": round(pct(values, 0.5) * 1000, 1), "p99_ms": round(pct(values, 0.99) * 1000, 1)}
 
 
-async def timed_starts(backend: DockerBackend, spec: SandboxSpec, n: int, parallel: int, keep: list) -> list[float]:
+async def timed_starts(backend: SandboxBackend, spec: SandboxSpec, n: int, parallel: int, keep: list) -> list[float]:
     gate = asyncio.Semaphore(parallel)
 
     async def one() -> float:
@@ -173,7 +173,7 @@ async def bench_memory(backend: DockerBackend, spec: SandboxSpec, n: int, keep: 
     }
 
 
-async def bench_capacity(backend: DockerBackend, spec: SandboxSpec, cap: int, keep: list) -> dict:
+async def bench_capacity(backend: SandboxBackend, spec: SandboxSpec, cap: int, keep: list) -> dict:
     levels = []
     alive: list = []
     level = 4

@@ -5,12 +5,14 @@
   exec      M `true` commands in one sandbox (nsenter + setpriv + the cd wrapper + the command,
             output collected), p50 / p99;
   concurrent K sandboxes started at once, wall time;
+  capacity  keep 4, 8, 16, ... alive (idle), starting each batch 8 at a time, up to --cap: the level at
+            which start p99 passes 5 s (bench/sandbox_docker.py's ramp, on this backend);
   memory    with K idle sandboxes up: each one's cgroup memory usage (PID 1's interpreter, its
             page tables, the tmpfs and overlay metadata: what the sandbox costs inside its
             limit) and PID 1's RSS as the host sees it (shared pages of the interpreter counted
             in each).
 
-    python bench/sandbox_local.py [--starts 30] [--execs 100] [--concurrent 8]
+    python -m bench.sandbox_local [--starts 30] [--execs 100] [--concurrent 8] [--cap 128]
 
 Needs root and the base tree (`farm sandbox base`).
 """
@@ -24,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.sandbox_docker import bench_capacity
 from envs.boxes.local import LocalBackend
 from envs.sdk.sandbox import SandboxSpec
 
@@ -47,7 +50,7 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-async def run(starts: int, execs: int, concurrent: int) -> None:
+async def run(starts: int, execs: int, concurrent: int, cap: int) -> None:
     with tempfile.TemporaryDirectory() as state:
         backend = LocalBackend(state_dir=Path(state))
         await backend.check()
@@ -80,6 +83,14 @@ async def run(starts: int, execs: int, concurrent: int) -> None:
             f"(max {max(cg_mb):.1f}); PID 1 RSS mean {statistics.mean(rss_mb):.1f} MiB"
         )
         await asyncio.gather(*(b.close() for b in boxes))
+        if cap:
+            alive: list = []
+            try:
+                found = await bench_capacity(backend, spec, cap, alive)
+            finally:
+                await asyncio.gather(*(b.close() for b in alive))
+            most, capped = found["max_alive_with_p99_under_5s"], found["capped"]
+            print(f"capacity: {most} alive with start p99 <= 5 s (capped: {capped})")
 
 
 def main() -> None:
@@ -87,8 +98,9 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=30)
     parser.add_argument("--execs", type=int, default=100)
     parser.add_argument("--concurrent", type=int, default=8)
+    parser.add_argument("--cap", type=int, default=128, help="capacity ramp up to this many alive (0: skip)")
     args = parser.parse_args()
-    asyncio.run(run(args.starts, args.execs, args.concurrent))
+    asyncio.run(run(args.starts, args.execs, args.concurrent, args.cap))
 
 
 if __name__ == "__main__":
