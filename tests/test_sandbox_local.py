@@ -11,6 +11,7 @@ host's interfaces; the same fork loop without a tight pids limit gets further.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import time
 from pathlib import Path
@@ -342,3 +343,33 @@ def test_execs_run_under_uvloop_the_workers_loop_even_after_one_leaves_its_outpu
             await box.close()
 
     assert uvloop.run(main()) == ["started", *[str(i) for i in range(20)]]
+
+
+async def test_a_build_sandbox_whose_pid_1_died_is_found_by_any_namespaces_sweep(backend: LocalBackend) -> None:
+    """An image build's sandbox carries no namespace; one whose builder died with it half-done (its
+    PID 1 gone, its records, cgroups and scratch left) is listed to every namespace's sweep, while a
+    live one is not (it is some builder's)."""
+    import signal
+
+    from workers.delivery.sweeper import sweep
+
+    dead = await backend.start(SandboxSpec(image=BASE, lifetime_s=300))
+    live = await backend.start(SandboxSpec(image=BASE, lifetime_s=300))
+    try:
+        cgroups = [str(d) for d in dead.cg.dirs]
+        os.kill(dead.pid, signal.SIGKILL)
+        for _ in range(100):
+            if not dead.cg.holds(dead.pid):
+                break
+            await asyncio.sleep(0.05)
+
+        async def nobody(workers: set[str]) -> set[str]:
+            return set()
+
+        listed = {b.id for b in await backend.list("any-namespace")}
+        assert dead.id in listed and live.id not in listed
+        swept = await sweep(backend, "any-namespace", nobody)
+        assert swept.removed == [dead.id]
+        assert _gone(backend, dead, cgroups) == []
+    finally:
+        await live.close()

@@ -359,11 +359,21 @@ class LocalBackend:
                 data = json.loads(meta.read_text())
             except (OSError, ValueError):
                 continue
-            if data["labels"].get(LABEL_NAMESPACE) != namespace:
-                continue
             cg = SandboxCgroup([Path(d) for d in data["cgroups"]], Path(data["track"]))
-            out.append(SandboxInfo(data["id"], data["labels"], running=cg.holds(int(data["pid"]))))
+            running = cg.holds(int(data["pid"]))
+            ns = data["labels"].get(LABEL_NAMESPACE)
+            # An image build's sandbox has no namespace: every sweeper may remove one that is over.
+            if ns != namespace and not (ns is None and (not running or _expired(data["labels"]))):
+                continue
+            out.append(SandboxInfo(data["id"], data["labels"], running=running))
         return out
 
     async def remove(self, sandbox_id: str) -> None:
         await asyncio.shield(asyncio.to_thread(_remove, self._meta(sandbox_id)))
+
+
+def _expired(labels: Mapping[str, str]) -> bool:
+    try:
+        return float(labels.get(LABEL_EXPIRES, "inf")) < time.time()
+    except ValueError:
+        return False
