@@ -74,6 +74,27 @@ def test_a_worker_started_with_no_redis_exits_3_at_once(tmp_path, namespace):
 
 
 @pytest.mark.slow
+def test_a_model_backed_worker_checks_redis_before_loading_its_tokenizer(tmp_path, namespace):
+    """An agent that calls the policy loads its tokenizer (seconds) at start: Redis is asked first,
+    so a Redis never there is said at once, not after the load (4-10 s on a 2-core machine)."""
+    url = f"redis://127.0.0.1:{unused_port()}/0"
+    env = farm_env(url, namespace)
+    env["FARM_POLICY_URLS"] = f"http://127.0.0.1:{unused_port()}"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "farm", "worker", "--agent", "single_tool_call"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - t0
+    assert_one_line(proc.returncode, proc.stdout + proc.stderr, took, url)
+    assert took < 2.5, f"took {took:.1f}s: the agent was loaded before Redis was asked"
+
+
+@pytest.mark.slow
 def test_a_collect_started_with_no_redis_exits_3_at_once(tmp_path, namespace):
     url = f"redis://127.0.0.1:{unused_port()}/0"
     rows = tmp_path / "rows.jsonl"

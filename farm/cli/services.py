@@ -73,6 +73,10 @@ def redis(g: Globals, port, bind, data_dir, password_file, appendfsync) -> int:
 def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health_port) -> int:
     """Run a worker pool for one agent."""
     s = g.settings(concurrency=concurrency, health_port=health_port)
+    if s.redis_url:
+        from farm.connection import reached
+
+        reached(s)  # before the agent loads its tokenizer or model: a Redis never there is said at once
     if processes > 1:
         from farm.connection import answers
         from workers.supervise.pool import run_pool
