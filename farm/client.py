@@ -37,7 +37,7 @@ from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings, load_settings
 from farm.state import live_workers_async
 from farm.streams import ensure_group
-from farm.submit_checks import AgentCheck, CancelledRuns, KnownAgents
+from farm.submit_checks import AgentCheck, CancelledRuns, IdleAgents, KnownAgents
 from farm.transport import Outage
 
 __all__ = [
@@ -70,6 +70,7 @@ class FarmClient:
         self._readers: dict[str, ResultReader] = {}
         self._known, self._warned = KnownAgents(settings, lambda: self.live_agents()), set[str]()
         self._cancelled = CancelledRuns(self.keys)
+        self._idle = IdleAgents(lambda: self.live_agents(), self.keys.ns)
 
     def results_stream(self, run_id: str) -> str:
         return self.keys.results(run_id)
@@ -183,7 +184,8 @@ class FarmClient:
         self, tasks: Iterable[Task], *, timeout_s: Optional[float] = None, deadline: Optional[float] = None
     ) -> AsyncIterator[Rollout]:
         """One rollout per task, as each arrives; at the deadline (epoch seconds, or timeout_s from
-        now) the missing ones come back as `deadline` failures. Tasks may span runs."""
+        now) the missing ones come back as `deadline` failures. Tasks may span runs. An agent waited
+        for that no live worker serves is logged (a warning, once) within seconds (farm.submit_checks)."""
         wanted: dict[str, Task] = {}
         for t in tasks:
             wanted[t.task_id] = t
@@ -198,12 +200,16 @@ class FarmClient:
             deadline = min(deadline or float("inf"), time.time() + timeout_s)
         missing = dict(wanted)
         left_per_run = Counter(t.run_id for t in wanted.values())
+        left_per_agent = Counter(t.agent_ref.name for t in wanted.values())
+        since = time.monotonic()
         while True:
             # What arrived, not every task still waited for: a pull costs its arrivals, not the batch size.
             for reader in set(readers.values()):
                 for task_id in [t for t in reader.buffer if t in missing]:
                     rollout = reader.take(task_id)
-                    left_per_run[missing.pop(task_id).run_id] -= 1
+                    done = missing.pop(task_id)
+                    left_per_run[done.run_id] -= 1
+                    left_per_agent[done.agent_ref.name] -= 1
                     if rollout is not None:  # in the buffer, so always
                         yield rollout
             if not missing:
@@ -216,6 +222,7 @@ class FarmClient:
                 block = max(1, min(block, int(left * 1000)))
             # The runs still waited for, from a count per run: not a pass over every missing task per pull.
             runs = [run for run, n in left_per_run.items() if n > 0]
+            await self._idle.check({agent for agent, n in left_per_agent.items() if n > 0}, since)
             await asyncio.gather(*(readers[run].pull(block) for run in runs))
         waited = f"{timeout_s}s" if timeout_s is not None else "the deadline"
         for task_id, task in missing.items():

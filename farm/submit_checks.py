@@ -14,11 +14,22 @@ thousands of tasks cost no extra round trip.
 A task submitted to a cancelled run (within cancel_ttl_s) is answered `cancelled before it started`
 without running; `CancelledRuns` reads the run's cancel in the submit's own pipeline and logs a
 warning once per run, so the caller hears it at submit rather than from every rollout.
+
+While `results()` waits, `IdleAgents` says within seconds that an agent it waits for has no live
+worker (else the caller hears nothing until its timeout): one look-up of the live workers per
+interval, shared by every `results()` call of the client, whatever the number of tasks.
+
+These warnings go to the logger `farm.client`. An application that has not set up logging would get
+them from Python's last resort as bare lines with no level; `_Fallback` prints them with their level
+and logger instead, and stands aside once the application configures logging.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
+import time
 from importlib.metadata import entry_points
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
@@ -26,9 +37,23 @@ from farm.errors import UnknownAgent
 from farm.keys import Keys
 from farm.settings import Settings
 
-__all__ = ["BUILTIN_AGENTS", "AgentCheck", "CancelledRuns", "KnownAgents", "defined_agents"]
+__all__ = ["BUILTIN_AGENTS", "AgentCheck", "CancelledRuns", "IdleAgents", "KnownAgents", "defined_agents"]
 
 log = logging.getLogger("farm.client")
+
+
+class _Fallback(logging.Handler):
+    """The client's warnings, with their level, on stderr while the root logger has no handler."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            sys.stderr.write(self.format(record) + "\n")
+
+
+if not any(isinstance(h, _Fallback) for h in log.handlers):
+    _fallback = _Fallback(logging.WARNING)
+    _fallback.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    log.addHandler(_fallback)
 
 # The built-in agents of workers.loops.agent (the core cannot import it; tests/test_client_checks.py
 # keeps the two in step), and the entry point groups environments and agents register under.
@@ -80,9 +105,11 @@ class AgentCheck:
                     self.warned.add(agent)
                     log.warning(
                         "agent %r: no environment or agent registered under that name, none configured, no live "
-                        "worker in namespace %r yet; its tasks wait for a worker (or end as `deadline`)",
+                        "worker in namespace %r yet; its tasks wait for a worker (`farm worker --agent %s`) or end "
+                        "as `deadline` (submit(..., check_agents=True) refuses them instead)",
                         agent,
                         self.ns,
+                        agent,
                     )
             return
         if unknown:
@@ -115,3 +142,40 @@ class CancelledRuns:
                     run,
                     expires - now,
                 )
+
+
+class IdleAgents:
+    """Says once, within `interval_s` of waiting, that `results()` waits for an agent no live worker serves.
+
+    The live workers are looked up at most once per interval for the whole client (concurrent
+    `results()` calls share the answer), and only while some agent is waited for. An agent said
+    once is said again only after a worker of it was seen live (it went away again).
+    """
+
+    interval_s = 3.0
+
+    def __init__(self, live: Callable[[], Awaitable[set[str]]], ns: str):
+        self.live, self.ns = live, ns
+        self.warned: set[str] = set()
+        self._live: set[str] = set()
+        self._checked = float("-inf")  # time.monotonic() of the last look-up
+        self._lock = asyncio.Lock()
+
+    async def check(self, agents: set[str], waiting_since: float) -> None:
+        """`agents`: those still waited for; `waiting_since`: time.monotonic() when the wait began."""
+        if not agents or time.monotonic() - waiting_since < self.interval_s:
+            return
+        async with self._lock:  # a concurrent caller waits for this look-up instead of making its own
+            if time.monotonic() - self._checked >= self.interval_s:
+                self._live = await self.live()
+                self._checked = time.monotonic()
+        self.warned -= self._live
+        for agent in sorted(agents - self._live - self.warned):
+            self.warned.add(agent)
+            log.warning(
+                "waiting for rollouts of agent %r, and no worker serves it in namespace %r (no live heartbeat): "
+                "start one (`farm worker --agent %s`); its tasks wait in the queue until then or until the deadline",
+                agent,
+                self.ns,
+                agent,
+            )

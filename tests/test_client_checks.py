@@ -127,3 +127,59 @@ async def test_submitting_to_a_cancelled_run_warns_once(settings, caplog):
     warnings = [r.getMessage() for r in caplog.records if "was cancelled" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "run gone was cancelled" in warnings[0] and "cancelled before it started" in warnings[0]
+
+
+async def test_results_says_within_seconds_that_no_worker_serves_the_agent(settings, caplog):
+    """No worker for `noop` in this namespace: results() says so (once, naming the command to start)
+    within IdleAgents.interval_s, not at its timeout; two concurrent waits share one live-worker lookup."""
+    caplog.set_level(logging.WARNING, logger="farm.client")
+    async with FarmClient(settings) as client:
+        lookups = 0
+        live = client.live_agents
+
+        async def counted() -> set[str]:
+            nonlocal lookups
+            lookups += 1
+            return await live()
+
+        client.live_agents = counted  # type: ignore[method-assign]
+        runs = [[client.task(run_id=run, agent="noop", row={}) for _ in range(200)] for run in ("a", "b")]
+        await client.submit(runs[0] + runs[1])
+        t0 = time.time()
+        got = await asyncio.gather(*(client.collect(tasks, timeout_s=4.5) for tasks in runs))
+    said = [r for r in caplog.records if "no worker serves it" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert said[0].levelno == logging.WARNING and said[0].name == "farm.client"
+    assert "'noop'" in said[0].getMessage() and "`farm worker --agent noop`" in said[0].getMessage()
+    assert said[0].created - t0 < 4, "said within seconds, before the timeout"
+    assert lookups == 1, "one look-up per interval for the client, not per task or per wait"
+    assert all(r.error is not None and r.error.kind == "deadline" for g in got for r in g.values())
+
+
+async def test_results_is_quiet_while_a_worker_of_the_agent_is_live(settings, sync_redis, caplog, monkeypatch):
+    """The negative control: a live heartbeat for `noop` (written directly: a worker would answer the
+    tasks) and the same wait says nothing."""
+    import json
+
+    from farm.submit_checks import IdleAgents
+
+    monkeypatch.setattr(IdleAgents, "interval_s", 0.3)
+    sync_redis.set(settings.keys.worker("beat"), json.dumps({"agent": "noop", "worker_id": "beat"}), ex=30)
+    caplog.set_level(logging.WARNING, logger="farm.client")
+    async with FarmClient(settings) as client:
+        tasks = [client.task(run_id="quiet", agent="noop", row={}) for _ in range(3)]
+        await client.submit(tasks)
+        await client.collect(tasks, timeout_s=1.5)
+    assert not [r for r in caplog.records if "no worker serves it" in r.getMessage()]
+
+
+async def test_the_unknown_agent_warning_has_its_level_without_logging_set_up(settings, capsys, monkeypatch):
+    """An application that never set up logging: the warning is printed with its level and logger, and
+    names check_agents=True (Python's last resort would print the bare message)."""
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    async with FarmClient(settings) as client:
+        await client.submit([client.task(run_id="bare", agent="nobody_yet", row={})])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "nobody_yet" in line]
+    assert len(lines) == 1 and lines[0].startswith("WARNING farm.client: agent 'nobody_yet'"), err
+    assert "check_agents=True" in lines[0] and "`farm worker --agent nobody_yet`" in lines[0]
