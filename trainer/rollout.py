@@ -112,8 +112,7 @@ class FarmRollout:
         self.settings, self.tokenizer = settings, tokenizer
         self.run_id = run_id or f"train-{uuid.uuid4().hex[:8]}"
         self.timeout_s, self.num_generations = timeout_s, num_generations
-        self.sampling = sampling or Sampling()
-        self.oversample, self.max_refills = oversample, max_refills
+        self.sampling, self.oversample, self.max_refills = sampling or Sampling(), oversample, max_refills
         self.drop_zero_variance_groups = drop_zero_variance_groups
         self.share = share  # of the farm's workers, while other runs have a backlog (farm.fairness)
         self.max_in_flight = max_in_flight  # the run's cap per agent (0: none), whatever its share
@@ -126,13 +125,11 @@ class FarmRollout:
         self.carried: list[Carried] = []
         self._late: dict[str, Rollout] = {}
         self._offered_again: set[str] = set()  # a carried group's finished rollouts, received a step before
-        self.step = 0  # the optimizer step being generated for (TRL's global_step + 1)
-        self.version = 0
+        self.step, self.version = 0, 0  # the step being generated for (TRL's global_step + 1), its policy
         self.batches: list[Batch] = []
         self.keep_batches, self._calls = keep_batches, 0
         self._loop = LoopThread()
-        factory = client_factory or FarmClient
-        self.client: FarmClient = self._loop.run(self._make(factory))
+        self.client: FarmClient = self._loop.run(self._make(client_factory or FarmClient))
         self.__name__ = "farm_rollout"
 
     async def _make(self, factory):
@@ -388,9 +385,10 @@ class FarmRollout:
         try:
             if results_ttl_s is not None:
                 self._loop.run(self.client.r.expire(key, max(1, int(results_ttl_s))))
-            self._loop.run(self.client.aclose())
         except (RedisError, OSError) as exc:
             log.warning("could not set the expiry of %s (%s): it stays until deleted", key, exc)
+        try:
+            self._loop.run(self.client.aclose())
         finally:
             self._loop.stop()
 
