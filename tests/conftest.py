@@ -117,3 +117,17 @@ def vllm(model_dir, tmp_path_factory):
                 os.environ[k] = v
     yield server
     server.stop()
+
+
+@pytest.fixture(params=["docker", "local"])
+def backend(request):
+    """A sandbox backend, ready (the base image built if absent): each test that takes it runs on
+    both, `docker` against a real daemon and `local` as root."""
+    from helpers.docker import need_base_image
+    from helpers.sandboxes import base_tree
+
+    if request.param == "docker":
+        need_base_image()
+    else:
+        base_tree()
+    return request.param

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.docker import docker, need_base_image
+from helpers.harbor import sandbox_owners, sandboxes_left
 from helpers.processes import stop
-from helpers.sandboxes import base_tree
 from helpers.workers import spawn_worker
 
 from envs.harbor.rows import suite_rows
@@ -96,25 +95,6 @@ def collect(settings, rows: list[dict], agent: str, backend: str, timeout_s: flo
     return got, out
 
 
-def left(namespace: str, backend: str = "docker") -> list[str]:
-    """The namespace's sandboxes the backend still has (docker: containers by label; local: its records)."""
-    if backend == "docker":
-        return docker("ps", "-aq", "--filter", f"label=rollout-farm.namespace={namespace}").stdout.split()
-    from envs.boxes.local import LocalBackend
-
-    return [b.id for b in asyncio.run(LocalBackend().list(namespace))]
-
-
-@pytest.fixture(params=["docker", "local"])
-def backend(request):
-    """Both backends run every test: docker with a real daemon, local as root (no daemon)."""
-    if request.param == "docker":
-        need_base_image()
-    else:
-        base_tree()
-    return request.param
-
-
 @pytest.mark.parametrize("agent,reward", [("harbor_oracle", 1.0), ("harbor_nop", 0.0)])
 def test_every_task_of_the_suite_scores_1_with_its_oracle_and_0_with_nothing_done(settings, backend, agent, reward):
     """The project's suite is sound (its tests tell a solved task from an untouched one) and runs
@@ -126,7 +106,7 @@ def test_every_task_of_the_suite_scores_1_with_its_oracle_and_0_with_nothing_don
     tiers = {r["task_name"]: r["tier"] for r in rows}
     assert all(r.metrics["tier"] == tiers[name] and r.metrics["task"] == name for name, r in got.items())
     assert sorted(set(tiers.values())) == ["tier1", "tier2", "tier3"]
-    assert left(settings.namespace, backend) == []
+    assert sandboxes_left(backend, settings.namespace) == []
 
 
 def test_tasks_that_attack_their_sandbox_end_with_their_reason_and_the_others_go_on(settings, backend, tmp_path):
@@ -167,7 +147,7 @@ def test_tasks_that_attack_their_sandbox_end_with_their_reason_and_the_others_go
     assert (fill.status == "ok" and fill.reward in (0.0, 1.0)) or (
         fill.error.kind == "verifier" and "No space left" in fill.error.message
     ), fill
-    assert left(settings.namespace, backend) == []
+    assert sandboxes_left(backend, settings.namespace) == []
 
 
 def test_no_reward_file_and_a_sandbox_that_cannot_start_are_failures_never_a_zero(settings, backend, tmp_path):
@@ -189,7 +169,7 @@ def test_no_reward_file_and_a_sandbox_that_cannot_start_are_failures_never_a_zer
     assert "the checks crashed" in got["no-reward"].error.message
     assert "ran past 2s" in got["slow-tests"].error.message
     assert "2 tries" in got["no-image"].error.message
-    assert left(settings.namespace, backend) == []
+    assert sandboxes_left(backend, settings.namespace) == []
 
 
 def test_a_worker_without_a_docker_daemon_says_so_in_one_line_and_exits_3(settings):
@@ -252,10 +232,10 @@ def test_a_stopped_worker_removes_the_sandboxes_of_the_rollouts_it_stops(setting
 
         asyncio.run(submit())
         deadline = time.monotonic() + 60
-        while len(left(settings.namespace, backend)) < 3:
+        while len(sandbox_owners(backend, settings.namespace)) < 3:
             assert time.monotonic() < deadline and proc.poll() is None, "the sandboxes never started"
             time.sleep(0.2)
     finally:
         out = stop(proc, timeout=60)
-    assert left(settings.namespace, backend) == [], out
+    assert sandboxes_left(backend, settings.namespace) == [], out
     assert "closing" not in out, out

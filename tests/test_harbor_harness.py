@@ -23,10 +23,9 @@ import msgspec
 import pytest
 import yaml
 from helpers import ROOT
-from helpers.docker import need_base_image
+from helpers.harbor import sandboxes_left
 from helpers.policies import stub_processes
 from helpers.processes import stop
-from helpers.sandboxes import base_tree
 from helpers.workers import run_through_worker, spawn_worker
 
 from envs.harbor.rows import task_row
@@ -128,15 +127,6 @@ def test_command_in_sandbox_without_sandboxes_is_one_line_at_start_exit_2(settin
     assert "command_in_sandbox needs an environment that runs in sandboxes" in out and "Traceback" not in out
 
 
-@pytest.fixture(params=["docker", "local"])
-def backend(request):
-    if request.param == "docker":
-        need_base_image()
-    else:
-        base_tree()
-    return request.param
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_agent_in_the_sandbox_solves_its_task_through_the_gateway_alone(
@@ -162,13 +152,7 @@ def test_an_agent_in_the_sandbox_solves_its_task_through_the_gateway_alone(
         inserted = tokenizer.decode([i for i, m in zip(ids, mask) if not m])  # the tool result the agent sent
         assert "gateway 200" in inserted, inserted
         assert "reached" not in inserted and inserted.count("blocked") == 3, inserted
-    assert _left(settings.namespace, backend) == []
-
-
-def _left(namespace: str, backend: str) -> list[str]:
-    from test_harbor_farm import left
-
-    return left(namespace, backend)
+    assert sandboxes_left(backend, settings.namespace) == []
 
 
 def test_the_example_agent_is_standard_library_only():
@@ -205,4 +189,4 @@ def test_an_agent_past_its_time_is_killed_and_graded_on_what_it_did(
     (r,) = got
     assert (r.status, r.reward) == (Status.ok, 1.0), r.error
     assert r.metrics["agent_timeout"] is True and r.metrics["harness_s"] < 30
-    assert _left(settings.namespace, backend) == []
+    assert sandboxes_left(backend, settings.namespace) == []
