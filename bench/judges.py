@@ -114,21 +114,22 @@ async def measure(
     env = LLMJudge(judge="grader")
     try:
         config = JudgeConfig(urls=[judge_stub.url], model="stub", max_concurrency=limit, deadline_s=deadline_s)
-        judges.install(None, {"grader": config})  # what AgentContext installs from the settings
-        pool = judges.process_pool()
+        pool = judges.JudgePool({"grader": config})  # what AgentContext makes from the settings
         t0 = time.perf_counter()
-        steady = await rollouts(n, policy, env, "steady", deadline_s * 4)
+        with judges.serving(pool):
+            steady = await rollouts(n, policy, env, "steady", deadline_s * 4)
         elapsed = time.perf_counter() - t0
         stats = pool.judges["grader"].stats
         mean_latency = pool_latency(pool)
         stub_stats = judge_stub.stats()
         judge_stub.stop()  # the outage: nothing listens on the judge's port any more
-        await judges.close_pool()
-        judges.install(None, {"grader": msgspec.structs.replace(config, deadline_s=outage_deadline_s)})
+        await pool.aclose()
+        outage_pool = judges.JudgePool({"grader": msgspec.structs.replace(config, deadline_s=outage_deadline_s)})
         t1 = time.perf_counter()
-        outage = await rollouts(n, policy, env, "outage", outage_deadline_s * 4)
+        with judges.serving(outage_pool):
+            outage = await rollouts(n, policy, env, "outage", outage_deadline_s * 4)
         outage_s = time.perf_counter() - t1
-        await judges.close_pool()
+        await outage_pool.aclose()
     finally:
         await policy.aclose()
         policy_stub.stop()

@@ -38,8 +38,7 @@ from producer.output import BadLine, InputError, Journal, Paths, read_json, read
 from producer.progress import Live, live_progress
 from producer.rescore import Stored, one_line, read_stored
 from producer.reverify_report import render, summarize
-from workers.loops.env_calls import close_judges
-from workers.policy.judges import install as install_judges
+from workers.policy.judges import JudgePool, serving
 
 __all__ = ["ReverifyOptions", "render", "run_reverify", "summarize"]
 
@@ -264,14 +263,14 @@ def run_reverify(settings: Settings, options: ReverifyOptions) -> dict[str, Any]
 
         async def main() -> Rescorer:
             r = Rescorer(options, envs, done)
-            install_judges(settings)  # `ctx.judge` in a verifier asks the judges the settings name, as in a worker
+            judges = JudgePool.from_settings(settings)  # `ctx.judge` in a verifier: the pool a worker makes
             try:
                 await _set_up(envs, options.agent)
-                with _sigint_as_flag(r.stop, asyncio.get_running_loop()):
+                with _sigint_as_flag(r.stop, asyncio.get_running_loop()), serving(judges):
                     await r.run(ok, failures, update)
             finally:
                 await _close(envs)
-                await close_judges()
+                await judges.aclose()
             return r
 
         rescorer = asyncio.run(main())

@@ -54,11 +54,14 @@ async def test_a_judge_nobody_configured_or_no_pool_is_a_verifier_failure(monkey
     with pytest.raises(JudgeFailure, match="judge grader: no judge pool here") as info:
         await ctx.judge("grader", ASK)
     assert info.value.kind == "verifier"
-    judges.install(None, {})
     with judging(ProcessJudges()):
+        with pytest.raises(JudgeFailure, match="judge grader: no judge pool here"):
+            await ctx.judge("grader", ASK)
+    pool = JudgePool({})
+    with judging(ProcessJudges()), judges.serving(pool):
         with pytest.raises(JudgeFailure, match="judge grader: no such judge; configured under `judges:`: none"):
             await ctx.judge("grader", ASK)
-    await judges.close_pool()
+    await pool.aclose()
 
 
 async def test_an_api_key_comes_from_a_file_or_a_variable_never_the_settings(tmp_path, monkeypatch):
@@ -70,7 +73,7 @@ async def test_an_api_key_comes_from_a_file_or_a_variable_never_the_settings(tmp
     with pytest.raises(ConfigError, match="judge g: api_key 'NOPE' is neither a readable file"):
         judges.api_key("g", "NOPE")
     with pytest.raises(ConfigError, match="judge g: api_key 'NOPE'"):  # at the worker's start
-        judges.install(None, {"g": JudgeConfig(urls=["http://h"], model="m", api_key="NOPE")})
+        JudgePool({"g": JudgeConfig(urls=["http://h"], model="m", api_key="NOPE")})
 
 
 async def rollouts(n: int, policy: OpenAIPolicy, env: LLMJudge, tag: str) -> tuple[list, list[float]]:
@@ -110,21 +113,23 @@ async def test_the_limit_holds_and_an_outage_fails_rollouts_as_verifier_within_t
     policy = OpenAIPolicy(PolicyConfig(urls=[policy_stub.url], model="stub", max_connections=256), "chat")
     env = LLMJudge(judge="grader")
     config = JudgeConfig(urls=[judge.url], model="stub", max_concurrency=limit, deadline_s=60.0)
+    pool = JudgePool({"grader": config})
     try:
-        judges.install(None, {"grader": config})
-        kinds, _ = await rollouts(256, policy, env, "up")
+        with judges.serving(pool):
+            kinds, _ = await rollouts(256, policy, env, "up")
         assert kinds == ["ok"] * 256
         asked = judge.stats()
         assert asked["POST /v1/chat/completions"] == 256
-        assert asked["max_pending"] == limit == judges.process_pool().judges["grader"].stats.max_in_flight
-        await judges.close_pool()
+        assert asked["max_pending"] == limit == pool.judges["grader"].stats.max_in_flight
+        await pool.aclose()
         judge.stop()  # the outage: nothing listens on the judge's port any more
-        judges.install(None, {"grader": msgspec.structs.replace(config, deadline_s=1.0)})
-        kinds, seconds = await rollouts(256, policy, env, "down")
+        pool = JudgePool({"grader": msgspec.structs.replace(config, deadline_s=1.0)})
+        with judges.serving(pool):
+            kinds, seconds = await rollouts(256, policy, env, "down")
         assert kinds == ["verifier"] * 256  # no policy failure, no reward 0
         assert max(seconds) < 1.0 + 1.0
     finally:
-        await judges.close_pool()
+        await pool.aclose()
         await policy.aclose()
         policy_stub.stop()
         judge.stop()
@@ -205,8 +210,7 @@ async def test_bad_judges_end_in_a_recorded_verifier_failure(judge_stub):
     unlabelled = judge_stub("I would say they are probably the same.", latency_s=0.0)
     refused = f"http://127.0.0.1:{free_port()}"
     fast = {"deadline_s": 3.0, "max_retries": 0}
-    judges.install(
-        None,
+    pool = JudgePool(
         {
             "garbage": JudgeConfig(urls=[garbage_url], model="m", **fast),
             "unlabelled": JudgeConfig(urls=[unlabelled.url], model="stub", **fast),
@@ -218,12 +222,12 @@ async def test_bad_judges_end_in_a_recorded_verifier_failure(judge_stub):
     try:
         for name in ("garbage", "unlabelled", "refused"):
             env = LLMJudge(judge=name)
-            with pytest.raises(RolloutFailure) as info:
+            with pytest.raises(RolloutFailure) as info, judges.serving(pool):
                 await verify(env, env.check_row(row), None, Transcript("Paris", [], []), 10.0)
             assert info.value.kind == "verifier" and not info.value.retryable
             reasons[name] = info.value.message
     finally:
-        await judges.close_pool()
+        await pool.aclose()
         server.close()
     assert reasons["garbage"].startswith("judge garbage: the judge at http://127.0.0.1:")
     assert "cannot read" in reasons["garbage"] or "HTTP" in reasons["garbage"], reasons["garbage"]
@@ -237,15 +241,15 @@ async def test_judge_calls_are_recorded_and_counted_into_redis(judge_stub, setti
     settings = msgspec.structs.replace(
         settings, judges={"grader": JudgeConfig(urls=[stub.url], model="stub", max_concurrency=2)}
     )
-    judges.install(settings)
+    pool = JudgePool.from_settings(settings)
     env = LLMJudge(judge="grader")
     row = env.check_row({"responses_create_params": {"input": "Capital of France?"}, "expected_answer": "Paris"})
     verdicts = []
     for answer in ("Paris", "Paris", "paris"):
-        verdicts.append(await verify(env, row, None, Transcript(answer, [], []), 10.0))
-    pool = judges.process_pool()
+        with judges.serving(pool):
+            verdicts.append(await verify(env, row, None, Transcript(answer, [], []), 10.0))
     await pool.export(pool_redis(settings))
-    await judges.close_pool()
+    await pool.aclose()
     calls = verdicts[0].metrics["judge_calls"]
     assert len(calls) == 1 and calls[0]["judge"] == "grader" and calls[0]["text"] == "Same. [[A=B]]"
     assert calls[0]["latency_s"] >= 0.05 and verdicts[1].metrics["judge_calls"][0]["cached"] is True
@@ -330,7 +334,7 @@ async def test_a_call_every_rollout_gave_up_on_is_cancelled_and_frees_its_slot(j
 @pytest.mark.slow
 def test_a_real_worker_grades_with_its_settings_judge(settings, sync_redis, judge_stub, tmp_path):
     """`farm worker --agent llm_judge` with `judges:` in its config file: the process's AgentContext
-    installs the judge, the verifier asks it, every rollout records the call, and the worker's
+    makes the judge pool, the verifier asks it, every rollout records the call, and the worker's
     last export (at its close) puts the figures in Redis for `farm status`."""
     from helpers.workers import run_through_worker
 

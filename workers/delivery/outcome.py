@@ -27,6 +27,7 @@ from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream
 from farm.transport import backoff_delay
 from workers.loops.context import Agent, AgentContext
+from workers.policy.judges import serving
 
 log = logging.getLogger("farm.worker")
 ERROR_CHARS = 500  # of a failed attempt's message kept in the task's history (Task.history)
@@ -144,7 +145,8 @@ class Outcomes:
         if task.deadline is not None:
             limit = min(limit, task.deadline - picked)
         task_for_agent = msgspec.structs.replace(task, attempt=attempt) if attempt != task.attempt else task
-        run = asyncio.ensure_future(self.agent.run(task_for_agent, self.ctx))
+        with serving(self.ctx.judges):  # `ctx.judge` in the run's verifier asks the process's pool
+            run = asyncio.ensure_future(self.agent.run(task_for_agent, self.ctx))
         self.running[task.task_id] = (task.run_id, run, task.created_at)
         try:
             rollout = await asyncio.wait_for(run, timeout=max(limit, 0.001))

@@ -199,6 +199,7 @@ class Worker:
             await cancel_and_wait([maintenance], grace_s=0.1, tries=3)
             await self._settle_once()
             await self._bounded(self.agent.aclose(), "closing the agent")
+            await self._bounded(self.ctx.judges.aclose(), "closing the judges")
             if self.ctx.versions is not None:
                 await self._bounded(self.ctx.versions.aclose(), "stopping the policy version watch")
             if self.cancels is not None:

@@ -7,13 +7,13 @@ workers.loops.noop) import only this, and the registry imports them: no import c
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, runtime_checkable
 
 from farm.policy_version import PolicyVersions
 from farm.schema import Rollout, Task
 from farm.settings import Settings
+from workers.policy.judges import JudgePool
 
 
 @dataclass
@@ -26,17 +26,12 @@ class AgentContext:
     # here returns an `interrupted` rollout with what it generated so far instead of being cancelled.
     interrupts: set[str] = field(default_factory=set)
 
-    def __post_init__(self) -> None:
-        """The worker makes one context per process: its judges (`judges:` in the settings) are the
-        ones `ctx.judge` asks in every verifier of the process. Imported only when there are some:
-        the pool needs the policy extra's HTTP clients, which a core install (noop workers) has not."""
-        settings = self.settings if isinstance(self.settings, Settings) else None
-        if settings is not None and settings.judges:
-            from workers.policy.judges import install
+    # The process's judge pool (`judges:` in the settings): what `ctx.judge` asks in every verifier of
+    # the process while the worker serves it; the worker closes it when it stops.
+    judges: JudgePool = field(init=False)
 
-            install(settings)
-        elif "workers.policy.judges" in sys.modules:  # an earlier context's judges are not this one's
-            sys.modules["workers.policy.judges"].install(settings)
+    def __post_init__(self) -> None:
+        self.judges = JudgePool.from_settings(self.settings if isinstance(self.settings, Settings) else None)
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ from farm.schema import ErrorKind, Rollout, Status, Task, Timings
 from farm.settings import Settings
 from workers.loops.sandboxes import Tracked, check_backend, close_quietly
 from workers.policy.chat import BadToolCall, ToolCall, input_messages
+from workers.policy.judges import ask_serving
 
 log = logging.getLogger("farm.env")
 
@@ -67,20 +68,8 @@ class EnvironmentAgent:
             try:
                 await self.env.aclose()
             finally:
-                try:
-                    if self.sandboxes is not None:
-                        await self.sandboxes.aclose()
-                finally:
-                    await close_judges()
-
-
-async def close_judges() -> None:
-    """The judges' clients and their last figures, when a verifier of this process asked one."""
-    import sys
-
-    judges = sys.modules.get("workers.policy.judges")
-    if judges is not None:
-        await judges.close_pool()
+                if self.sandboxes is not None:
+                    await self.sandboxes.aclose()
 
 
 def read_row(env: Environment, row: dict) -> tuple[Any, dict, list[dict], list[str]]:
@@ -176,15 +165,13 @@ async def run_call(
 
 
 class ProcessJudges:
-    """`ctx.judge` inside a verifier: the process's judge pool for the running event loop
-    (workers/policy/judges.py), made at the first judge call."""
+    """`ctx.judge` inside a verifier: the judge pool the worker (or `farm reverify`) serves to the
+    run (workers/policy/judges.py `serving`)."""
 
     async def ask(
         self, name: str, messages: list[dict], sampling: dict[str, Any], default: Optional[JudgeConfig] = None
     ) -> JudgeReply:
-        from workers.policy.judges import process_pool
-
-        return await process_pool().ask(name, messages, sampling, default)
+        return await ask_serving(name, messages, sampling, default)
 
 
 async def verify(env: Environment, row: Any, state: Any, transcript: Transcript, timeout_s: float) -> Verdict:

@@ -19,61 +19,38 @@ reply without text) is JudgeFailure with the judge's name and the reason. The po
 calls, answers, failures, cache hits and latency per judge and adds them to Redis every
 EXPORT_S (farm/judge_stats.py), where `farm status`, the dashboard and `/metrics` read them.
 
-The pool belongs to the event loop it was made in (its clients and semaphores do);
-`process_pool()` makes a new one, with the same judges, for another loop (tests run several).
+The pool is a per-process object, not module state: the worker's AgentContext makes it from the
+settings (`JudgePool.from_settings`) and the worker closes it when it stops; `farm reverify` makes
+and closes its own the same way. Its judges' clients and semaphores belong to the event loop that
+first asked them; `aclose()` lets them go (a later call makes new ones). Verifiers reach it through
+`ctx.judge` while it is `serving()`: the worker serves its context's pool to each agent run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
 import logging
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from envs.sdk.judge import JudgeFailure, JudgeReply
 from farm import judge_stats
-from farm.errors import ConfigError, RolloutFailure
+from farm.errors import ConfigError
 from farm.settings import JudgeConfig, Settings, read_secret
-from workers.policy.config import PolicyConfig
-from workers.policy.openai_convo import ChatConversation
-from workers.policy.openai_pool import OpenAIPolicy
-from workers.policy.rotation import Session
+
+if TYPE_CHECKING:
+    from workers.policy.judge_client import Judge
 
 log = logging.getLogger("farm.judges")
 
 CACHE_SIZE = 4096  # answers kept per process
 EXPORT_S = 2.0
-
-
-@dataclass
-class JudgeStats:
-    """One judge's counts in this process; `pending` holds what was not yet added to Redis."""
-
-    calls: int = 0
-    ok: int = 0
-    failed: int = 0
-    deadline: int = 0
-    cache_hits: int = 0
-    latency_s: float = 0.0  # the sum over answered requests
-    in_flight: int = 0
-    waiting: int = 0
-    max_in_flight: int = 0
-    pending: dict[str, float] = field(default_factory=dict)
-
-    def add(self, **counts: float) -> None:
-        for name, n in counts.items():
-            setattr(self, name, getattr(self, name) + n)
-            self.pending[name] = self.pending.get(name, 0) + n
-
-    def answered(self, latency_s: float) -> None:
-        self.add(ok=1, latency_s=latency_s)
-        b = f"b{judge_stats.bucket(latency_s)}"
-        self.pending[b] = self.pending.get(b, 0) + 1
 
 
 def api_key(name: str, where: Optional[str]) -> Optional[str]:
@@ -87,87 +64,35 @@ def api_key(name: str, where: Optional[str]) -> Optional[str]:
     raise ConfigError(f"judge {name}: api_key {where!r} is neither a readable file nor a set environment variable")
 
 
-class Judge:
-    """One judge: its openai client over its own URLs, its slots and its counts."""
-
-    def __init__(self, name: str, config: JudgeConfig):
-        self.name = name
-        self.config = config
-        policy_config = PolicyConfig(
-            urls=list(config.urls),
-            model=config.model,
-            timeout_s=config.deadline_s,
-            max_connections=config.max_concurrency,
-            routing="least_outstanding",
-            api_key=api_key(name, config.api_key),
-            max_retries=config.max_retries,
-        )
-        self.client = OpenAIPolicy(policy_config, "chat")
-        self.slots = asyncio.Semaphore(config.max_concurrency)
-        self.stats = JudgeStats()
-
-    async def call(self, messages: list[dict], sampling: dict[str, Any]) -> tuple[str, float]:
-        """The judge's text and the request's latency, within the deadline (slot wait included)."""
-        stats, session = self.stats, Session()
-        try:
-            async with asyncio.timeout(self.config.deadline_s):
-                stats.waiting += 1
-                try:
-                    await self.slots.acquire()
-                finally:
-                    stats.waiting -= 1
-                try:
-                    stats.in_flight += 1
-                    stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
-                    start = time.perf_counter()
-                    convo = ChatConversation(messages, [])
-                    turn = await self.client.turn(convo, {**self.config.sampling, **sampling}, session, 0)
-                    latency = time.perf_counter() - start
-                finally:
-                    stats.in_flight -= 1
-                    self.slots.release()
-        except TimeoutError:
-            stats.add(failed=1, deadline=1)
-            raise JudgeFailure(self.name, f"no answer within its deadline of {self.config.deadline_s:g}s") from None
-        except RolloutFailure as exc:
-            stats.add(failed=1)
-            raise JudgeFailure(self.name, exc.message.replace("the policy", "the judge")) from None
-        except Exception as exc:  # noqa: BLE001 - e.g. a body that is not JSON, which the client does not map
-            stats.add(failed=1)
-            where = session.replica.url if session.replica is not None else self.config.urls[0]
-            message = f"the judge at {where}/v1 sent an answer the client cannot read: {type(exc).__name__}: {exc}"
-            raise JudgeFailure(self.name, self.client.scrub(message)) from None
-        if not turn.text.strip():
-            stats.add(failed=1)
-            raise JudgeFailure(self.name, f"the judge at {self.config.urls[0]} answered without text")
-        stats.answered(latency)
-        return turn.text, latency
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
-
 class JudgePool:
     """The judges of one process (one event loop): `ask` is what `ctx.judge` calls."""
 
     def __init__(self, configs: Optional[dict[str, JudgeConfig]] = None, settings: Optional[Settings] = None):
-        self.configs = dict(configs or {})
+        self.configs = dict(configs if configs is not None else settings.judges if settings is not None else {})
+        for name, config in self.configs.items():
+            api_key(name, config.api_key)  # a key that cannot be read stops the worker at start, in one line
         self.settings = settings  # for the export to Redis; None: counted here only
         self.judges: dict[str, Judge] = {}
         self.cache: OrderedDict[str, str] = OrderedDict()
         self.asking: dict[str, asyncio.Task] = {}  # request -> the call in flight
         self.waiting: dict[str, int] = {}  # request -> rollouts awaiting that call
-        self.loop = asyncio.get_running_loop()
         self._export: Optional[asyncio.Task] = None
+
+    @classmethod
+    def from_settings(cls, settings: Optional[Settings]) -> JudgePool:
+        """The judges the settings name (`judges:`); figures go to the settings' Redis, none without settings."""
+        return cls(settings=settings)
 
     def judge(self, name: str, default: Optional[JudgeConfig] = None) -> Judge:
         judge = self.judges.get(name)
         if judge is None:
+            from workers.policy.judge_client import Judge  # the policy extra's clients: see its docstring
+
             config = self.configs.get(name) or default
             if config is None:
                 known = ", ".join(sorted(self.configs)) or "none"
                 raise JudgeFailure(name, f"no such judge; configured under `judges:`: {known}")
-            judge = self.judges[name] = Judge(name, config)
+            judge = self.judges[name] = Judge(name, config, api_key(name, config.api_key))
         return judge
 
     async def ask(
@@ -281,34 +206,24 @@ def _cache_key(name: str, model: str, messages: list[dict], sampling: dict) -> s
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-_configs: dict[str, JudgeConfig] = {}
-_settings: Optional[Settings] = None
-_pool: Optional[JudgePool] = None
+_serving: contextvars.ContextVar[Optional[JudgePool]] = contextvars.ContextVar("farm_judges", default=None)
 
 
-def install(settings: Optional[Settings], configs: Optional[dict[str, JudgeConfig]] = None) -> None:
-    """The judges this process's pool serves: the settings' (AgentContext calls it with the
-    worker's), or `configs`; figures go to the settings' Redis, none without settings."""
-    global _configs, _settings, _pool
-    _configs = dict(configs if configs is not None else settings.judges if settings is not None else {})
-    for name, config in _configs.items():
-        api_key(name, config.api_key)  # a key that cannot be read stops the worker at start, in one line
-    _settings = settings
-    _pool = None
+@contextmanager
+def serving(pool: JudgePool) -> Iterator[JudgePool]:
+    """Verifiers run inside (and in the tasks started inside) ask `pool` through `ctx.judge`."""
+    token = _serving.set(pool)
+    try:
+        yield pool
+    finally:
+        _serving.reset(token)
 
 
-def process_pool() -> JudgePool:
-    """This process's pool for the running event loop (made on first use)."""
-    global _pool
-    loop = asyncio.get_running_loop()
-    if _pool is None or _pool.loop is not loop:
-        _pool = JudgePool(_configs, _settings)
-    return _pool
-
-
-async def close_pool() -> None:
-    """Close this loop's pool (its clients, its last export); a later call makes a new one."""
-    global _pool
-    if _pool is not None and _pool.loop is asyncio.get_running_loop():
-        pool, _pool = _pool, None
-        await pool.aclose()
+async def ask_serving(
+    name: str, messages: list[dict], sampling: dict[str, Any], default: Optional[JudgeConfig] = None
+) -> JudgeReply:
+    """`ctx.judge` inside a verifier: the pool being served (`serving`), or a JudgeFailure without one."""
+    pool = _serving.get()
+    if pool is None:
+        raise JudgeFailure(name, "no judge pool here (judges are asked inside a worker, or under judging())")
+    return await pool.ask(name, messages, sampling, default)
