@@ -73,6 +73,23 @@ _TOKEN_PREFIX = "token_id:"
 _json_encode = msgspec.json.Encoder().encode
 
 
+def _refusal(url: str, status: int, raw: bytes, request: bytes) -> str:
+    """A 4xx answer in words: vLLM's message, and the parameter it refused (the error's `param`, else
+    the first request key its message names), so a bad sampling value reads as one, not as a crash."""
+    try:
+        body = msgspec.json.decode(raw)
+        error = body.get("error", body) if isinstance(body, dict) else {}
+        message = str(error.get("message") or raw[:500].decode(errors="replace")) if isinstance(error, dict) else ""
+        param = error.get("param") if isinstance(error, dict) else None
+    except msgspec.DecodeError:
+        message, param = raw[:500].decode(errors="replace"), None
+    if not param:
+        keys = sorted(msgspec.json.decode(request), key=len, reverse=True)  # `top_p` before `p`
+        param = next((k for k in keys if k not in ("model", "prompt") and k in message), None)
+    named = f" over its parameter `{param}`:" if param else ":"
+    return f"the policy refused the request (HTTP {status}){named} {message[:500]} ({url})"
+
+
 class _Logprobs(msgspec.Struct):
     tokens: list[str | int]
     token_logprobs: list[Optional[float]]
@@ -248,7 +265,7 @@ class PolicyClient:
                     self.rotation.cool(replica, status, retry_after_s(retry_after))
                     continue
                 if status < 500:
-                    raise PolicyRejected(last)
+                    raise PolicyRejected(_refusal(replica.url, status, raw, data))
                 self.rotation.failed(replica, last)
                 errors += 1
             finally:

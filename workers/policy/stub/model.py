@@ -45,6 +45,29 @@ CONTINUED = "stub_continued"  # a completion's reply: how many of its ids the pr
 CONTINUE_MIN = 4  # a prompt ending with this many of a reply's first ids continues that reply
 
 
+class BadParameter(ValueError):
+    """A sampling value vLLM refuses (its SamplingParams checks): answered 400 with the parameter named."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def check_sampling(body: dict) -> None:
+    """vLLM's checks of the sampling values the farm sends, with its messages; unknown keys are
+    ignored, as vLLM ignores them."""
+    t, p, k, m = (body.get(key) for key in ("temperature", "top_p", "top_k", "max_tokens"))
+    number = (int, float)
+    if t is not None and (not isinstance(t, number) or t < 0):
+        raise BadParameter("temperature", f"temperature must be non-negative, got {t}.")
+    if p is not None and (not isinstance(p, number) or not 0 < p <= 1):
+        raise BadParameter("top_p", f"top_p must be in (0, 1], got {p}.")
+    if k is not None and (not isinstance(k, int) or (k < 1 and k not in (0, -1))):
+        raise BadParameter("top_k", f"top_k must be 0 (disable), or at least 1, got {k}.")
+    if m is not None and (not isinstance(m, int) or m < 1):
+        raise BadParameter("max_tokens", f"max_tokens must be at least 1, got {m}.")
+
+
 class Script(msgspec.Struct, kw_only=True):
     """What the server answers: token replies (completions) and message replies (chat / responses)."""
 
@@ -151,6 +174,7 @@ class State:
 
     # -- replies --------------------------------------------------------------------------
     def completion(self, body: dict) -> dict:
+        check_sampling(body)
         prompt = body.get("prompt")
         if not isinstance(prompt, list) or not prompt:
             raise ValueError("prompt must be a non-empty list of token ids")
@@ -216,6 +240,7 @@ class State:
         return replies[min(turn, len(replies) - 1)]
 
     def chat(self, body: dict) -> dict:
+        check_sampling(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")

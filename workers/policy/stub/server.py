@@ -190,7 +190,8 @@ class HttpProtocol(asyncio.Protocol):
                 reply = _MODEL_PATHS[path](st, request)
             except (msgspec.DecodeError, ValueError, TypeError, AttributeError) as exc:
                 st.stats["status 400"] += 1
-                self._send(400, {"error": {"message": str(exc), "type": "BadRequestError"}})
+                error = {"message": str(exc), "type": "BadRequestError", "param": getattr(exc, "param", None)}
+                self._send(400, {"error": {**error, "code": 400}})  # vLLM's error body
                 return
             st.stats["status 200"] += 1
             self.next_id += 1
