@@ -89,7 +89,7 @@ def read_row(env: Environment, row: dict) -> tuple[Any, dict, list[dict], list[s
 
 def sampling_for(task: Task, overrides: dict[str, Any]) -> dict[str, Any]:
     """The task's sampling with the environment's overrides; the task's max_tokens (the trainer's
-    max_completion_length) caps theirs."""
+    max_completion_length) caps theirs, and theirs caps the task's (`max_tokens_capped_by`)."""
     s = task.sampling
     out = {
         "temperature": s.temperature,
@@ -102,6 +102,16 @@ def sampling_for(task: Task, overrides: dict[str, Any]) -> dict[str, Any]:
     if s.max_tokens is not None and out.get("max_tokens") is not None:
         out["max_tokens"] = min(int(out["max_tokens"]), s.max_tokens)
     return out
+
+
+def max_tokens_capped_by(task: Task, sampling: dict[str, Any]) -> Optional[str]:
+    """`environment` when the environment's sampling (AgentSettings.sampling, an agent's `sampling:`
+    included) set a lower max_tokens than the task asked for (or one where it asked none): a rollout
+    records it, so a `--max-tokens 128` that became 96 is not a silent change."""
+    used = sampling.get("max_tokens")
+    if used is None or (task.sampling.max_tokens is not None and used >= task.sampling.max_tokens):
+        return None
+    return "environment"
 
 
 async def call_tool(

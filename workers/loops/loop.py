@@ -9,7 +9,8 @@ Loop kinds (AgentSettings.loop):
                 from the row (`follow_up_messages`) is appended, until none are left.
 
 A turn cut at max_tokens, a turn that did not end (no EOS), or a conversation past the
-model's context ends the rollout `truncated` (the last two: the first one's flag). Tools and
+model's context ends the rollout `truncated` (the last two: the first one's flag); its metrics'
+`stop_reason` says which (`length`, `context_length`). Tools and
 the verifier run through workers/loops/env_calls.py with the same limits for every backend.
 What a backend keeps of the conversation (the token trace and its invariants, or the chat
 messages / Responses items) is its `Conversation`; the loop only adds to it and reads the
@@ -29,7 +30,7 @@ from typing import Any, Optional
 from envs.sdk import AgentSettings, Environment, Tool, Transcript
 from farm.schema import Rollout, Task, Timings
 from workers.loops.context import AgentContext
-from workers.loops.env_calls import EnvironmentAgent, read_row, run_call, sampling_for, scored
+from workers.loops.env_calls import EnvironmentAgent, max_tokens_capped_by, read_row, run_call, sampling_for, scored
 from workers.loops.partial import interrupted_rollout, resume_episode
 from workers.policy.chat import ChatTokenizer, chat_tools
 from workers.policy.protocol import Call, ContextOverflow, Conversation, Policy, Session, Turn
@@ -142,6 +143,9 @@ class AgentLoop(EnvironmentAgent):
         # What it really samples with (an agent's `sampling` override may differ from the task's):
         # the trainer refuses a rollout sampled at another temperature or top_p (trainer/batch.py).
         ep.metrics["sampling"] = {k: ep.sampling.get(k) for k in ("temperature", "top_p")}
+        capped = max_tokens_capped_by(task, ep.sampling)
+        if capped:  # the environment's max_tokens under the task's: said, not silent
+            ep.metrics.update(max_tokens=ep.sampling["max_tokens"], max_tokens_capped_by=capped)
         return ep
 
     async def _model_turn(self, ep: Episode, step: int) -> Optional[Turn]:
@@ -151,6 +155,7 @@ class AgentLoop(EnvironmentAgent):
             turn = await self.policy.turn(ep.convo, ep.sampling, ep.session, step)
         except ContextOverflow:
             ep.truncated = True
+            ep.metrics["stop_reason"] = "context_length"
             return None
         finally:
             ep.timings.model_s += time.perf_counter() - t0
@@ -165,6 +170,8 @@ class AgentLoop(EnvironmentAgent):
             )
         if turn.truncated or not turn.ended:
             ep.truncated = turn.truncated
+            if turn.truncated:
+                ep.metrics["stop_reason"] = "length"  # the turn reached max_tokens (see max_tokens_capped_by)
             return None
         return turn
 
