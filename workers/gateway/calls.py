@@ -9,6 +9,10 @@ the rollout's token budget or past the model's context, the call is answered wit
 the harness does next; a policy failure is answered 503 (or 502) and fails the rollout (kind
 `policy`). A rollout that ends cancels its open model calls (`upstream`), which closes their
 connections to the model server, so it stops generating.
+
+A rollout's record is made and registered by the gateway (`Gateway.open_rollout`), from the task and
+what the harness gets; the tool calls a harness runs through it (`RolloutCalls.call_tool`) are
+recorded against the call ids the gateway gave the model's calls.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import math
 import re
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional
 
 from farm.errors import RolloutFailure
-from farm.schema import ErrorKind
+from farm.schema import ErrorKind, Task
 from workers.gateway.bridge import BadHistory, Bridge, Message
 from workers.gateway.shapes import GatewayError, Reply, Request, bad, new_id
 from workers.policy.chat import ChatTokenizer, ToolCall, parse_tool_calls
@@ -61,8 +66,8 @@ class RolloutCalls:
     limits: Limits
     session: Session
     bridge: Bridge
-    run_tool: ToolRunner
-    task_json: dict
+    run_tool: ToolRunner  # the environment's tool on the rollout's state; call_tool records what it answers
+    task_json: dict = field(default_factory=dict)  # the task as a command harness gets it
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     task_secret: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     calls: int = 0
@@ -79,6 +84,41 @@ class RolloutCalls:
     upstream: set[asyncio.Task] = field(default_factory=set)
     responses: dict[str, list[Message]] = field(default_factory=dict)
     ended: bool = False
+    unanswered: dict[str, deque[str]] = field(default_factory=dict)  # tool name -> its calls' ids, oldest first
+
+    @classmethod
+    def for_task(
+        cls,
+        task: Task,
+        model: str,
+        messages: list[dict],
+        tools: list[dict],
+        sampling: dict[str, Any],
+        limits: Limits,
+        run_tool: ToolRunner,
+        bridge: Bridge,
+    ) -> RolloutCalls:
+        """The record of `task`'s rollout: its session (the task's group placement) and the task as JSON."""
+        task_json = {
+            "task_id": task.task_id,
+            "messages": messages,
+            "tools": tools,
+            "model": model,
+            "row": task.row,
+            "sampling": dict(sampling),
+            "limits": limits.as_dict(),
+        }
+        session = Session(group=task.group_id, key=task.task_id)
+        return cls(model, sampling, limits, session, bridge, run_tool, task_json)
+
+    async def call_tool(self, name: str, arguments: Any) -> str:
+        """The harness runs a tool: its result, recorded as the output of the oldest call of that name
+        the model made and no tool answered yet (a harness's tool call carries no call id)."""
+        result = await self.run_tool(name, arguments)
+        waiting = self.unanswered.get(name)
+        call_id = waiting.popleft() if waiting else ""
+        self.output.append({"type": "function_call_output", "call_id": call_id, "name": name, "output": result})
+        return result
 
     def stop(self, reason: str) -> None:
         if not self.stop_reason and self.failure is None:
@@ -190,6 +230,7 @@ def _reply(tok: ChatTokenizer, rollout: RolloutCalls, req: Request, plan: Any, c
         )
     for cid, name, args in calls:
         rollout.output.append({"type": "function_call", "call_id": cid, "name": name, "arguments": args})
+        rollout.unanswered.setdefault(name, deque()).append(cid)
     return reply
 
 

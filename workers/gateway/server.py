@@ -44,8 +44,9 @@ from typing import Any, Callable, NamedTuple, Optional
 import msgspec
 from aiohttp import web
 
-from workers.gateway.bridge import Message
-from workers.gateway.calls import RolloutCalls, model_call
+from farm.schema import Task
+from workers.gateway.bridge import Bridge, Message
+from workers.gateway.calls import Limits, RolloutCalls, ToolRunner, model_call
 from workers.gateway.shapes import (
     GatewayError,
     bad,
@@ -126,6 +127,20 @@ class Gateway:
         if self.socket_dir is not None:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
             self.socket_dir = None
+
+    def open_rollout(
+        self,
+        task: Task,
+        model: str,
+        messages: list[dict],
+        tools: list[dict],
+        sampling: dict[str, Any],
+        limits: Limits,
+        run_tool: ToolRunner,
+    ) -> RolloutCalls:
+        """`task`'s rollout at the gateway, registered: its secrets work until `close()`."""
+        bridge = Bridge(self.tok)
+        return self.open(RolloutCalls.for_task(task, model, messages, tools, sampling, limits, run_tool, bridge))
 
     def open(self, rollout: RolloutCalls) -> RolloutCalls:
         self.rollouts[rollout.secret] = rollout
@@ -230,7 +245,7 @@ class Gateway:
         if rest == ["task"] and method == "GET":
             return _json(rollout.task_json)
         if len(rest) == 2 and rest[0] == "tools" and method == "POST":
-            return _json({"output": await rollout.run_tool(rest[1], _body(body))})
+            return _json({"output": await rollout.call_tool(rest[1], _body(body))})
         if rest == ["report"] and method == "POST":
             report = _body(body)
             try:

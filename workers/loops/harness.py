@@ -7,7 +7,7 @@ A workers config names the harness and the environment that gives it tools and v
         harness: mypkg.agent:run     # async def run(client: openai.AsyncOpenAI, task) -> str | None
         env: single_tool_call
       my_cli_agent:
-        command: ["python", "-m", "mypkg.cli"]   # a program per rollout (see `_command`)
+        command: ["python", "-m", "mypkg.cli"]   # a program per rollout (workers/loops/command.py)
         env: single_tool_call                    # (command_in_sandbox: workers/loops/sandbox_command.py)
 
 In-process harnesses are trusted code: they run in the worker's event loop, with the worker's
@@ -37,9 +37,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import os
 import shlex
-import signal
 import time
 from typing import Any, Callable, Optional
 
@@ -49,22 +47,19 @@ from farm.errors import ConfigError, RolloutFailure
 from farm.lazy import import_object
 from farm.schema import ErrorKind, Rollout, Task, Timings
 from farm.settings import Settings
-from workers.gateway.bridge import Bridge
 from workers.gateway.calls import Limits, RolloutCalls
 from workers.gateway.local import local_http
 from workers.gateway.server import Gateway
+from workers.loops.command import STDERR_CHARS, run_command
 from workers.loops.context import AgentContext
 from workers.loops.env_calls import EnvironmentAgent, call_tool, read_row, sampling_for, scored
 from workers.loops.sandbox_command import SandboxCommand
 from workers.policy.chat import ChatTokenizer, chat_tools
-from workers.policy.rotation import Session
 from workers.policy.tokens import PolicyClient
 
 __all__ = ["HarnessAgent", "HarnessTask", "load_harness"]
 
 STOP_WAIT_S = 5.0  # a stopped harness has this long to unwind before the rollout ends without it
-STDERR_CHARS = 2000  # of a crashed command's stderr kept in the error
-_HIDDEN_ENV = ("FARM_POLICY_API_KEY", "FARM_DASHBOARD_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL")
 
 
 class HarnessTask:
@@ -104,7 +99,7 @@ class HarnessTask:
                 arguments = json.loads(arguments) if arguments.strip() else {}
             except ValueError as exc:
                 return f"Error: tool call arguments are not JSON: {exc}"
-        return await self._calls.run_tool(name, arguments)
+        return await self._calls.call_tool(name, arguments)
 
     def report(self, reward: float, components: Optional[dict[str, float]] = None) -> None:
         self._calls.report(reward, components)
@@ -121,7 +116,9 @@ def load_harness(spec: str) -> Callable[..., Any]:
     try:
         fn = import_object(spec)
     except ImportError as exc:
-        raise ConfigError(f"harness {spec}: cannot import {module}: {exc}") from None
+        from envs.sdk.environment import missing_module_hint
+
+        raise ConfigError(f"harness {spec}: cannot import {module}: {exc}{missing_module_hint(module, exc)}") from None
     except AttributeError:
         raise ConfigError(f"harness {spec}: {module} has no {attr}") from None
     is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
@@ -211,26 +208,17 @@ class HarnessAgent(EnvironmentAgent):
         # What the gateway samples with, whatever the harness asks (the trainer checks it: trainer/batch.py).
         metrics["sampling"] = {k: sampling.get(k) for k in ("temperature", "top_p")}
         calls_made: list[dict] = []
-        calls = RolloutCalls(
-            model=self.farm.policy_model,
-            sampling=sampling,
-            limits=Limits(self.settings.max_steps, sampling.get("max_tokens"), self.cfg.max_rollout_tokens),
-            session=Session(group=task.group_id, key=task.task_id),
-            bridge=Bridge(self.tok),
-            run_tool=lambda name, args: self._tool(name, args, state, metrics, calls_made, calls.output),
-            task_json={},
+        limits = Limits(self.settings.max_steps, sampling.get("max_tokens"), self.cfg.max_rollout_tokens)
+        calls = self.gateway.open_rollout(
+            task,
+            self.farm.policy_model,
+            messages,
+            tools,
+            sampling,
+            limits,
+            lambda name, args: self._tool(name, args, state, metrics, calls_made),
         )
         htask = HarnessTask(task, messages, tools, calls, self.gateway)
-        calls.task_json = {
-            "task_id": task.task_id,
-            "messages": messages,
-            "tools": tools,
-            "model": calls.model,
-            "row": task.row,
-            "sampling": htask.sampling,
-            "limits": htask.limits,
-        }
-        self.gateway.open(calls)
         mark = ctx.versions.mark() if ctx.versions is not None else None
         started = time.perf_counter()
         try:
@@ -242,23 +230,14 @@ class HarnessAgent(EnvironmentAgent):
         elapsed = time.perf_counter() - started
         return await self._finish(task, row, state, calls, answer, metrics, calls_made, elapsed, versions)
 
-    async def _tool(self, name: str, arguments: Any, state: Any, metrics: dict, made: list, output: list) -> str:
+    async def _tool(self, name: str, arguments: Any, state: Any, metrics: dict, made: list) -> str:
+        """The environment's tool for the harness (the gateway records its output: RolloutCalls.call_tool)."""
         if isinstance(arguments, dict):
             metrics["tool_calls"] += 1
             made.append({"name": name, "arguments": arguments})
         start = time.perf_counter()
         result = await call_tool(self.tools, name, arguments, state, self.settings.tool_timeout_s, metrics)
         metrics["tools_s"] = metrics.get("tools_s", 0.0) + time.perf_counter() - start
-        answered = {item.get("call_id") for item in output if item.get("type") == "function_call_output"}
-        call_id = next(
-            (
-                i["call_id"]
-                for i in output
-                if i.get("type") == "function_call" and i.get("name") == name and i["call_id"] not in answered
-            ),
-            "",
-        )
-        output.append({"type": "function_call_output", "call_id": call_id, "name": name, "output": result})
         return result
 
     async def _drive(self, calls: RolloutCalls, htask: HarnessTask, where: tuple) -> Any:
@@ -299,40 +278,8 @@ class HarnessAgent(EnvironmentAgent):
 
             client = AsyncOpenAI(base_url=htask.base_url, api_key=htask.api_key, max_retries=0, http_client=self.http)
             return await self.harness(client, htask)
-        return await self._command(calls, htask)
-
-    async def _command(self, calls: RolloutCalls, htask: HarnessTask) -> str:
-        """The command harness: OPENAI_BASE_URL / OPENAI_API_KEY for its rollout, FARM_TASK_URL for its
-        tools (POST {url}/tools/NAME) and grade (POST {url}/report), the task as JSON on stdin, the
-        answer on stdout; a non-zero exit is a crash (the end of its stderr in the error)."""
         assert self.gateway is not None
-        env = {k: v for k, v in os.environ.items() if k not in _HIDDEN_ENV}
-        env.update(
-            OPENAI_BASE_URL=htask.base_url, OPENAI_API_KEY=htask.api_key, FARM_TASK_URL=self.gateway.task_url(calls)
-        )
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise RolloutFailure(
-                ErrorKind.agent_error, f"cannot start {self.argv[0]!r}: {exc}", retryable=False
-            ) from None
-        try:
-            out, err = await proc.communicate(json.dumps(calls.task_json).encode())
-        except BaseException:
-            _kill_group(proc.pid)
-            await asyncio.shield(proc.wait())
-            raise
-        if proc.returncode != 0:
-            tail = err.decode(errors="replace").strip()[-STDERR_CHARS:]
-            raise RuntimeError(f"command {self.argv[0]} exited with status {proc.returncode}: {tail or '(no stderr)'}")
-        return out.decode(errors="replace").rstrip("\n")
+        return await run_command(self.argv, calls, self.gateway)
 
     async def _finish(
         self,
@@ -387,10 +334,3 @@ class HarnessAgent(EnvironmentAgent):
             rollout.policy_version = start
         rollout.policy_version_end = end
         return rollout
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
