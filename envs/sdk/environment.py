@@ -10,8 +10,11 @@ limit makes the rollout `failed` with kind `verifier`; it is never scored 0 sile
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from envs.sdk.rows import Row, parse_row
@@ -151,6 +154,32 @@ def available_envs() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def import_hint(module: str) -> str:
+    """Where Python looked for a user's module (PYTHONPATH, and the current directory only when it is
+    on the import path: the `farm` command does not add it), and the PYTHONPATH that finds a module
+    kept next to the config file (FARM_CONFIG's directory, else the current one)."""
+    cwd = Path.cwd()
+    on_path = {Path(p or ".").resolve() for p in sys.path}
+    pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    looked = f"PYTHONPATH ({os.pathsep.join(pythonpath) or 'unset'})"
+    looked += f", the current directory {cwd}" if cwd in on_path else f"; not the current directory {cwd}"
+    config = os.environ.get("FARM_CONFIG")
+    home = Path(config).resolve().parent if config else cwd
+    top = Path(home, *module.split("."))
+    there = next((f for f in (top.with_suffix(".py"), top / "__init__.py") if f.is_file()), None)
+    known = config or there or (cwd / "farm.yaml").exists()
+    where_to = str(home) if known else "<the directory of farm.yaml>"
+    found = f" ({there} is there)" if there else ""
+    return f"looked in {looked}; a module next to farm.yaml is found with PYTHONPATH={where_to}{found}, or install it"
+
+
+def missing_module_hint(module: str, exc: ImportError) -> str:
+    """`; ` and the import hint when `exc` says `module` itself (or a parent package) is not found; else
+    nothing (a module that is found and fails to import a dependency is the dependency's error)."""
+    name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    return f"; {import_hint(module)}" if name and (module == name or module.startswith(name + ".")) else ""
+
+
 def env_class(name: str) -> type[Environment]:
     """The Environment class `name` names: a registered environment, or `module:Class` (an
     environment tried without installing a package; its module must be importable, e.g. from
@@ -171,7 +200,7 @@ def env_class(name: str) -> type[Environment]:
         obj = import_object(spec)
     except Exception as exc:  # noqa: BLE001 - any error importing the user's module is theirs, in one line
         if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0] and ":" in name:
-            raise ConfigError(f"environment {name}: no module {module!r} (is its directory on PYTHONPATH?)") from None
+            raise ConfigError(f"environment {name}: no module {module!r}: {import_hint(module)}") from None
         raise ConfigError(
             f"environment {name} ({spec}) failed to load: {type(exc).__name__}: {exc}{where(exc)}"
         ) from None
