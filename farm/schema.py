@@ -149,6 +149,20 @@ class Partial(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     row: dict[str, Any] = {}
     sampling: Optional[Sampling] = None
 
+    @classmethod
+    def for_task(cls, task: Task, trace: TokenTrace, **where: Any) -> Partial:
+        """The partial of `task`'s interrupted run: `trace` and `where` it stopped (open_turn, steps,
+        ...), in the chain the task continues (resumes, origin), with the task's row and sampling."""
+        prior = task.resume
+        return cls(
+            trace=trace,
+            resumes=prior.resumes if prior is not None else 0,
+            origin=prior.origin if prior is not None and prior.origin else task.task_id,
+            row=task.row,
+            sampling=task.sampling,
+            **where,
+        )
+
 
 class RolloutError(msgspec.Struct, forbid_unknown_fields=True):
     kind: ErrorKind  # one enum for the worker, the client, the producer and the dashboard

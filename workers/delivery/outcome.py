@@ -96,8 +96,10 @@ class Outcomes:
     def _interrupted_op(self, entry_id: str, task: Task, attempt: int, picked: float, message: str) -> SettleOp:
         """The `interrupted` rollout of a run that kept nothing (it had not started, or its agent keeps
         no partial): a continuation of one goes on from where the task itself started."""
-        partial = task.resume or schema.Partial(trace=schema.TokenTrace(), origin=task.task_id)
-        partial = msgspec.structs.replace(partial, row=task.row, sampling=task.sampling)
+        if task.resume is not None:
+            partial = msgspec.structs.replace(task.resume, row=task.row, sampling=task.sampling)
+        else:
+            partial = schema.Partial.for_task(task, schema.TokenTrace())
         rollout = Rollout.for_task(
             task, status=schema.Status.interrupted, partial=partial, metrics={"generated_tokens": 0, "note": message}
         )

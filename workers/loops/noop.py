@@ -81,16 +81,8 @@ class NoopAgent:
         ctx.interrupts.discard(task.task_id)
         trace = _trace(len(versions))
         trace.versions = pack_i32(versions)
-        prior = task.resume
-        partial = Partial(
-            trace=trace,
-            open_turn=len(versions),
-            model=getattr(ctx.settings, "policy_model", "") or "",
-            resumes=prior.resumes if prior is not None else 0,
-            origin=prior.origin if prior is not None and prior.origin else task.task_id,
-            row=task.row,
-            sampling=task.sampling,
-        )
+        model = getattr(ctx.settings, "policy_model", "") or ""
+        partial = Partial.for_task(task, trace, open_turn=len(versions), model=model)
         metrics = {"generated_tokens": len(versions)}
         return Rollout.for_task(task, status=Status.interrupted, partial=partial, metrics=metrics)
 

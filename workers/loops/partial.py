@@ -35,9 +35,9 @@ def interrupted_rollout(ep: Any, task: Task, model: str) -> Rollout:
     snapshot = getattr(ep.convo, "snapshot", None)
     if snapshot is not None:
         trace, open_turn, messages = snapshot()
-        prior = task.resume
-        partial = Partial(
-            trace=trace,
+        partial = Partial.for_task(
+            task,
+            trace,
             open_turn=open_turn,
             steps=ep.metrics["turns"],
             messages=messages,
@@ -46,10 +46,6 @@ def interrupted_rollout(ep: Any, task: Task, model: str) -> Rollout:
             followups_left=len(ep.followups),
             metrics={k: v for k, v in ep.metrics.items() if isinstance(v, (int, float, str, bool, dict))},
             model=model,
-            resumes=prior.resumes if prior is not None else 0,
-            origin=prior.origin if prior is not None and prior.origin else task.task_id,
-            row=task.row,
-            sampling=task.sampling,
         )
     generated = sum(partial.trace.env_mask) if partial is not None else 0
     metrics = {**ep.metrics, "generated_tokens": generated}
