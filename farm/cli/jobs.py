@@ -167,6 +167,10 @@ def collect(
         progress_every_s=progress_every,
     )
     settings = g.settings()
+    if embedded and g.config:  # the embedded workers are children: they read the same file through FARM_CONFIG
+        import os
+
+        os.environ["FARM_CONFIG"] = str(Path(g.config).resolve())
     if not embedded or settings.redis_url:  # --embedded without a redis_url starts one
         from farm.connection import reached
 

@@ -12,7 +12,9 @@ sequence, so it is written once here:
    of its own (so a pool's own children are stopped with it), with settings passed as FARM_*
    variables, never on the command line, logging to `<log_dir>/<log_prefix>-<label>.log`.
 4. It waits until the pools' workers are live (their heartbeats in Redis), so what follows
-   measures the farm, not its start-up; a child that exits first is named with its code.
+   measures the farm, not its start-up; a child that exits first is named with its code and its
+   own one-line error (read back from its log), and the stack's command exits as the child did
+   for a setting, an unknown agent or Redis (2, 5, 3, 4), not as a crash.
 
 Leaving the context sends SIGTERM to every child (a worker's graceful drain), SIGKILL to the
 process group of any still running after stop_timeout_s, then stops the policy server and the
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from farm.errors import FarmError
+from farm.errors import ConfigError, FarmError, RedisAuthError, RedisUnavailable, UnknownAgent
 from farm.settings import Settings
 from workers.policy.serving import PolicyServer
 
@@ -74,6 +76,25 @@ def worker_command(
     if impl:
         cmd += ["--impl", impl]
     return cmd
+
+
+# A child's exit code, as the error its stack's command ends with (farm.errors' codes); others are crashes.
+_AS_CHILD_EXITED: dict[int, type[FarmError]] = {2: ConfigError, 3: RedisUnavailable, 4: RedisAuthError, 5: UnknownAgent}
+
+
+def child_error(cmd: Sequence[Any], code: int, log: Optional[Path], start: int, where: str) -> FarmError:
+    """The error for a child that exited before it was ready: its command, its exit code and the last
+    `farm: ` line it wrote to its log after byte `start` (its own one-line error: the file and line of
+    an environment that raised at import), typed by its code."""
+    line = ""
+    if log is not None and log.exists():
+        with open(log, "rb") as f:
+            f.seek(max(start, log.stat().st_size - 65536))
+            said = [t for t in f.read().decode(errors="replace").splitlines() if t.startswith("farm: ")]
+        line = said[-1][len("farm: ") :] if said else ""
+    what = " ".join(str(a) for a in cmd[2:])
+    message = f"`{what}` exited with {code} before it was ready" + (f": {line}" if line else "") + where
+    return _AS_CHILD_EXITED.get(code, FarmError)(message) if line else FarmError(message)
 
 
 def stop_all(procs: Sequence[subprocess.Popen], timeout_s: float = 60.0) -> None:
@@ -133,6 +154,7 @@ class LocalStack:
         self.ready_timeout_s, self.stop_timeout_s = ready_timeout_s, stop_timeout_s
         self.env: dict[str, str] = {}
         self.procs: list[subprocess.Popen] = []
+        self._logs: dict[int, tuple[Path, int]] = {}  # a child's pid: its log, and its size then (appended to)
         self.policy_server: Any = None  # a workers.policy.serving.PolicyServer when `policy` is given
         self._exit = ExitStack()
 
@@ -178,6 +200,7 @@ class LocalStack:
         if path is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             out = open(path, "ab")
+            start = out.seek(0, os.SEEK_END)
         try:
             proc = subprocess.Popen(
                 cmd,
@@ -192,6 +215,8 @@ class LocalStack:
             if out:
                 out.close()  # the child holds its own copy
         self.procs.append(proc)
+        if path is not None:
+            self._logs[proc.pid] = (path, start)
         return proc
 
     def log_path(self, label: str) -> Optional[Path]:
@@ -222,8 +247,8 @@ class LocalStack:
                         return
                 gone = self.exited()
                 if gone is not None:
-                    what = " ".join(gone.args[2:])
-                    raise FarmError(f"`{what}` exited with {gone.returncode} before it was ready{log}")
+                    path, start = self._logs.get(gone.pid, (None, 0))
+                    raise child_error(gone.args, gone.returncode, path, start, log)
                 if time.monotonic() > deadline:
                     raise FarmError(f"{n} workers not up after {timeout_s:.0f}s{logs}")
                 time.sleep(every_s)
