@@ -33,3 +33,12 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task], grace_s: float = 1.0, t
     for t in everything:
         if t.done() and not t.cancelled():
             t.exception()  # retrieved: a failure here was already handled, or is moot at shutdown
+
+
+def cancelling() -> bool:
+    """Whether the task running this is itself being cancelled, not only something it awaited (an
+    inner task a cancel reached: a client's cancel of an agent run, a rollout's model call that its
+    end stopped). Python 3.11+ tells; earlier versions answer False."""
+    me = asyncio.current_task()
+    being = getattr(me, "cancelling", None)
+    return bool(being and being())

@@ -25,6 +25,7 @@ from farm.schema import Attempt, ErrorKind, Rollout, Task
 from farm.scripts import SettleOp
 from farm.settings import Settings
 from farm.streams import BAD_REPLY, AgentStream
+from farm.tasks import cancelling
 from farm.transport import backoff_delay
 from workers.loops.context import Agent, AgentContext
 from workers.policy.judges import serving
@@ -155,11 +156,11 @@ class Outcomes:
             if not isinstance(rollout, Rollout):
                 raise TypeError(f"agent returned {type(rollout).__name__}, not a Rollout")
         except asyncio.CancelledError:
-            if run.cancelled() and not _stopping() and self._interrupted(task) and not self._cancelled(task):
+            if run.cancelled() and not cancelling() and self._interrupted(task) and not self._cancelled(task):
                 took = time.time() - picked
                 note = f"interrupted after {took:.2f}s in flight; its agent keeps no partial"
                 return self._interrupted_op(entry_id, task, attempt, picked, note)
-            if not run.cancelled() or _stopping() or not self._cancelled(task):
+            if not run.cancelled() or cancelling() or not self._cancelled(task):
                 raise  # the worker is stopping: the task is handed back, not settled
             self.stopped += 1
             took = time.time() - picked
@@ -278,11 +279,3 @@ class Outcomes:
         return msgspec.structs.replace(
             rollout, worker_id=self.worker_id, attempt=attempt, timings=timings, finished_at=now
         )
-
-
-def _stopping() -> bool:
-    """Whether the task running this is itself being cancelled (the worker stopping), not only the
-    agent run inside it (a client's cancel)."""
-    me = asyncio.current_task()
-    cancelling = getattr(me, "cancelling", None)  # Python 3.11+
-    return bool(cancelling and cancelling())

@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Task
+from farm.tasks import cancelling
 from workers.gateway.bridge import BadHistory, Bridge, Message
 from workers.gateway.shapes import GatewayError, Reply, Request, bad, new_id
 from workers.policy.chat import ChatTokenizer, ToolCall, parse_tool_calls
@@ -183,7 +184,7 @@ async def model_call(client: CompletionClient, tok: ChatTokenizer, rollout: Roll
     try:
         c = await upstream
     except asyncio.CancelledError:
-        if upstream.cancelled() and not _cancelling():
+        if upstream.cancelled() and not cancelling():
             raise GatewayError(503, "the rollout ended; this call was stopped", "rollout_ended") from None
         raise
     except ContextOverflow as exc:
@@ -232,10 +233,3 @@ def _reply(tok: ChatTokenizer, rollout: RolloutCalls, req: Request, plan: Any, c
         rollout.output.append({"type": "function_call", "call_id": cid, "name": name, "arguments": args})
         rollout.unanswered.setdefault(name, deque()).append(cid)
     return reply
-
-
-def _cancelling() -> bool:
-    """Whether the current task itself is being cancelled (not only something it awaited)."""
-    me = asyncio.current_task()
-    cancelling = getattr(me, "cancelling", None)  # Python 3.11+
-    return bool(cancelling and cancelling())
