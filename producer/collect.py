@@ -46,10 +46,11 @@ from producer.output import (
     Journal,
     Paths,
     line_for,
-    read_records,
+    open_journals,
     read_rows,
     to_parquet,
     write_json,
+    written_per_agent,
 )
 from producer.plan import CollectOptions, parse_repeats, plan, prepare_files
 from producer.pools import embedded_workers
@@ -283,10 +284,7 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
     paths = Paths.for_output(options.output, options.format)
     work = plan(options, settings)  # raises before anything is enqueued
     run_id, done = prepare_files(options, paths)
-    already: dict[str, int] = defaultdict(int)
-    if done:
-        for rec_agent, n in _done_per_agent(paths).items():
-            already[rec_agent] = n
+    already = written_per_agent(paths)
     totals = dict(work.pairs)
     remaining = sum(totals.values()) - len(done)
     log.info(
@@ -311,9 +309,7 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
 
             settings = stack.enter_context(ensure_redis(settings))
         update = stack.enter_context(live_progress(options.progress, totals, already, every_s=options.progress_every_s))
-        ok, failures = Journal(paths.journal), Journal(paths.failures)
-        stack.callback(failures.close)
-        stack.callback(ok.close)
+        ok, failures = open_journals(paths, stack)
 
         async def main() -> Collector:
             c = Collector(settings, options, paths, run_id, done)
@@ -362,11 +358,3 @@ def run_collect(settings: Settings, options: CollectOptions) -> dict[str, Any]:
         )
     summary["exit_code"] = EXIT_INTERRUPTED if interrupted else EXIT_OK
     return summary
-
-
-def _done_per_agent(paths: Paths) -> dict[str, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for p in (paths.journal, paths.failures):
-        for rec in read_records(p):
-            counts[rec["agent"]] += 1
-    return counts

@@ -18,7 +18,10 @@ status).
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections import defaultdict
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -31,6 +34,8 @@ from farm.schema import Rollout, Task, TokenTrace
 
 _decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder()
+
+log = logging.getLogger("farm.output")
 
 
 class InputError(ConfigError):
@@ -184,6 +189,43 @@ class Journal:
             os.fsync(self.fd)
             os.close(self.fd)
             self.fd = -1
+
+
+def open_journals(paths: Paths, stack: ExitStack) -> tuple[Journal, Journal]:
+    """The rollouts' journal and the failures', closed when `stack` closes."""
+    ok = stack.enter_context(closing(Journal(paths.journal)))
+    failures = stack.enter_context(closing(Journal(paths.failures)))
+    return ok, failures
+
+
+def start_output(paths: Paths, resume: bool, overwrite: bool) -> None:
+    """A run's output files as `farm collect` and `farm reverify` both take them: refused when they
+    already hold rollouts (unless --resume or --overwrite), cleared with --overwrite, and with
+    --resume their torn last lines cut."""
+    existing = [p for p in (paths.journal, paths.failures) if p.exists() and p.stat().st_size]
+    if paths.output != paths.journal and paths.output.exists() and not overwrite:
+        existing.insert(0, paths.output)
+    if existing and not (resume or overwrite):
+        raise InputError(
+            f"{existing[0]} already holds rollouts: pass --resume to complete it, or --overwrite to start again"
+        )
+    if overwrite and not resume:
+        for p in (paths.journal, paths.failures, paths.metrics, paths.run, paths.output):
+            p.unlink(missing_ok=True)
+    if resume:
+        for p in (paths.journal, paths.failures):
+            cut = repair_tail(p)
+            if cut:
+                log.warning("%s: dropped a partial last line (%d bytes) left by an interrupted run", p, cut)
+
+
+def written_per_agent(paths: Paths, agent: Optional[str] = None) -> dict[str, int]:
+    """The lines already written (rollouts and failures) per agent; all `agent`'s when one is given."""
+    counts: dict[str, int] = defaultdict(int)
+    for p in (paths.journal, paths.failures):
+        for rec in read_records(p):
+            counts[rec["agent"] if agent is None else agent] += 1
+    return counts
 
 
 def repair_tail(path: Path) -> int:

@@ -18,7 +18,7 @@ from typing import Optional
 from farm.errors import ConfigError, UnknownAgent
 from farm.schema import Sampling
 from farm.settings import Settings
-from producer.output import BadLine, InputError, Paths, done_keys, read_json, read_rows, repair_tail, write_json
+from producer.output import BadLine, InputError, Paths, done_keys, read_json, read_rows, start_output, write_json
 
 log = logging.getLogger("farm.collect")
 
@@ -125,17 +125,8 @@ def plan(options: CollectOptions, settings: Settings, out=None) -> Plan:
 
 
 def prepare_files(options: CollectOptions, paths: Paths) -> tuple[str, set[tuple[int, int]]]:
-    """The run id and the pairs already written; cuts torn lines, refuses to clobber."""
-    existing = [p for p in (paths.journal, paths.failures) if p.exists() and p.stat().st_size]
-    if paths.output != paths.journal and paths.output.exists() and not options.overwrite:
-        existing.insert(0, paths.output)
-    if existing and not (options.resume or options.overwrite):
-        raise InputError(
-            f"{existing[0]} already holds rollouts: pass --resume to complete it, or --overwrite to start again"
-        )
-    if options.overwrite and not options.resume:
-        for p in (paths.journal, paths.failures, paths.metrics, paths.run, paths.output):
-            p.unlink(missing_ok=True)
+    """The run id and the pairs already written; cuts torn lines, refuses to clobber (start_output)."""
+    start_output(paths, options.resume, options.overwrite)
     run_id = options.run_id
     recorded = read_json(paths.run).get("run_id") if options.resume and paths.run.exists() else None
     if recorded and run_id and recorded != run_id:
@@ -143,10 +134,6 @@ def prepare_files(options: CollectOptions, paths: Paths) -> tuple[str, set[tuple
     run_id = run_id or recorded or f"collect-{uuid.uuid4().hex[:12]}"
     done: set[tuple[int, int]] = set()
     if options.resume:
-        for p in (paths.journal, paths.failures):
-            cut = repair_tail(p)
-            if cut:
-                log.warning("%s: dropped a partial last line (%d bytes) left by an interrupted run", p, cut)
         done = done_keys(paths.journal, paths.failures)
     write_json(
         paths.run,

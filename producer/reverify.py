@@ -34,7 +34,18 @@ from envs.sdk import Environment, load_env
 from farm.errors import ConfigError, FarmError
 from farm.settings import Settings
 from producer.collect import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, _sigint_as_flag
-from producer.output import BadLine, InputError, Journal, Paths, read_json, read_records, repair_tail, write_json
+from producer.output import (
+    BadLine,
+    InputError,
+    Journal,
+    Paths,
+    open_journals,
+    read_json,
+    read_records,
+    start_output,
+    write_json,
+    written_per_agent,
+)
 from producer.progress import Live, live_progress
 from producer.rescore import Stored, one_line, read_stored
 from producer.reverify_report import render, summarize
@@ -111,24 +122,14 @@ def environment_for(name: str, settings: Settings) -> Environment:
 
 
 def prepare_files(options: ReverifyOptions, paths: Paths) -> set[int]:
-    """The input lines already written (with --resume); cuts torn lines, refuses to clobber."""
-    existing = [p for p in (paths.journal, paths.failures) if p.exists() and p.stat().st_size]
-    if existing and not (options.resume or options.overwrite):
-        raise InputError(
-            f"{existing[0]} already holds rollouts: pass --resume to complete it, or --overwrite to start again"
-        )
-    if options.overwrite and not options.resume:
-        for p in (paths.journal, paths.failures, paths.metrics, paths.run):
-            p.unlink(missing_ok=True)
-    done: set[int] = set()
+    """The input lines already written (with --resume); cuts torn lines, refuses to clobber (start_output)."""
     if options.resume:
         recorded = read_json(paths.run).get("input")
         if recorded and Path(recorded).resolve() != Path(options.input).resolve():
             raise InputError(f"{paths.journal} re-scores {recorded}, not {options.input}: resume with the same --input")
-        for p in (paths.journal, paths.failures):
-            cut = repair_tail(p)
-            if cut:
-                log.warning("%s: dropped a partial last line (%d bytes) left by an interrupted run", p, cut)
+    start_output(paths, options.resume, options.overwrite)
+    done: set[int] = set()
+    if options.resume:
         for p in (paths.journal, paths.failures):
             for rec in read_records(p):
                 done.add(rec["reverify"]["input_line"])
@@ -248,18 +249,13 @@ def run_reverify(settings: Settings, options: ReverifyOptions) -> dict[str, Any]
     work = plan(options)
     envs = resolve_envs(sorted(work.totals), settings, options.agent)
     done = prepare_files(options, paths)
-    already: dict[str, int] = defaultdict(int)
-    for p in (paths.journal, paths.failures):
-        for rec in read_records(p):
-            already[rec["agent"] if options.agent is None else options.agent] += 1
+    already = written_per_agent(paths, options.agent)
     start = time.perf_counter()
     with ExitStack() as stack:
         update = stack.enter_context(
             live_progress(options.progress, dict(work.totals), already, every_s=options.progress_every_s)
         )
-        ok, failures = Journal(paths.journal), Journal(paths.failures)
-        stack.callback(failures.close)
-        stack.callback(ok.close)
+        ok, failures = open_journals(paths, stack)
 
         async def main() -> Rescorer:
             r = Rescorer(options, envs, done)
