@@ -25,9 +25,31 @@ from farm.errors import ErrorKind, MalformedEntry, UnknownSchemaVersion
 from farm.keys import text
 from farm.trace import TokenTrace, pack_f32, pack_i32, unpack_f32, unpack_i32
 
-__all__ = ["SCHEMA_VERSION", "MAX_ENTRY_BYTES", "AgentRef", "Attempt", "Rollout", "RolloutError", "Sampling"]
-__all__ += ["Status", "Task", "Timings", "TokenTrace", "decode_rollout", "decode_task", "decode_task_body", "encode"]
-__all__ += ["Partial", "entry", "pack_f32", "pack_i32", "salvage", "salvaged_failure", "unpack_f32", "unpack_i32"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "MAX_ENTRY_BYTES",
+    "AgentRef",
+    "Attempt",
+    "Rollout",
+    "RolloutError",
+    "Sampling",
+    "Status",
+    "Task",
+    "Timings",
+    "TokenTrace",
+    "decode_rollout",
+    "decode_task",
+    "decode_task_body",
+    "encode",
+    "Partial",
+    "entry",
+    "pack_f32",
+    "pack_i32",
+    "salvage",
+    "salvaged_failure",
+    "unpack_f32",
+    "unpack_i32",
+]
 
 
 SCHEMA_VERSION = 1
