@@ -30,8 +30,9 @@ from typing import Any, Awaitable, Callable, Optional
 from farm.errors import RolloutFailure
 from farm.schema import ErrorKind, Task
 from farm.tasks import cancelling
+from workers.gateway.answers import Reply, new_id
 from workers.gateway.bridge import BadHistory, Bridge, Message
-from workers.gateway.shapes import GatewayError, Reply, Request, bad, new_id
+from workers.gateway.shapes import GatewayError, Request, bad
 from workers.policy.chat import ChatTokenizer, ToolCall, parse_tool_calls
 from workers.policy.protocol import ContextOverflow, PolicyUnavailable
 from workers.policy.rotation import Session

@@ -45,20 +45,10 @@ import msgspec
 from aiohttp import web
 
 from farm.schema import Task
+from workers.gateway.answers import chat_answer, chat_chunks, new_id, response_answer, response_events, response_items
 from workers.gateway.bridge import Bridge, Message
 from workers.gateway.calls import Limits, RolloutCalls, ToolRunner, model_call
-from workers.gateway.shapes import (
-    GatewayError,
-    bad,
-    chat_answer,
-    chat_chunks,
-    new_id,
-    read_chat,
-    read_responses,
-    response_answer,
-    response_events,
-    response_items,
-)
+from workers.gateway.shapes import GatewayError, bad, read_chat, read_responses
 from workers.policy.chat import ChatTokenizer
 from workers.policy.token_policy import CompletionClient
 
