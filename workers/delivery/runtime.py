@@ -22,7 +22,8 @@ redis_down_max_s. Tasks it could neither settle nor hand back stay pending in th
 reclaimed after the visibility timeout: counters["left_for_reclaim"], which `farm worker` turns
 into exit status 3 (0: nothing left). A second signal skips the grace period; one within
 SAME_STOP_S of the first is the same stop delivered twice (a `--processes` supervisor forwards the
-SIGTERM or Ctrl-C its process group, or Slurm's step, already delivered to every worker).
+SIGTERM or Ctrl-C its process group, or Slurm's step, already delivered to every worker): the
+stop's rules and clock are workers/delivery/stop.py.
 
 An agent may tell the worker it cannot take work (the policy's every replica down or
 rate-limited): while its `ready()` is false the fetch loop fetches nothing and waits on its
@@ -57,7 +58,6 @@ from farm.streams import BAD_REPLY, AgentStream
 from farm.tasks import cancel_and_wait
 from farm.transport import Outage
 from workers.delivery.chores import (
-    STOP_MARGIN_S,
     dump_tasks,
     log_stop,
     maintain,
@@ -68,12 +68,11 @@ from workers.delivery.chores import (
 )
 from workers.delivery.health import HealthServer
 from workers.delivery.outcome import Outcomes
+from workers.delivery.stop import Stop
 from workers.loops.context import Agent, AgentContext
 
 log = logging.getLogger("farm.worker")
 
-SAME_STOP_S = 1.0  # stop signals this close together are one request, not a second (forcing) one
-EXIT_RESERVE_S = 0.4  # of that margin, what the process keeps for its own exit once the worker returns
 FETCH_END_S = 0.5  # after a stop, a fetch in flight has block_ms + this to return what it read
 
 
@@ -101,53 +100,20 @@ class Worker:
         self.counters: Counter = Counter()
         self.inflight: dict[str, asyncio.Task] = {}
         self.started_at = time.time()
-        self._stopping = asyncio.Event()
-        self._stop_requested_at = 0.0
-        self._signalled = False  # stopped by a signal (not by Redis failing): its status says what was left
-        self._grace_ends: Optional[float] = None  # when the stop's grace period ends (time.monotonic())
         self._held: list[str] = []  # what the worker still held after the drain (and settles that failed)
-        self._force = False
         self._slot = asyncio.Event()
         self._closed = asyncio.Event()
         self.outage = Outage.for_settings(settings)
-        self._fatal: Optional[TransportError] = None
+        self.stop = Stop(settings.grace_period_s, self.outage, self._slot.set)
         self.ctx = AgentContext(worker_id=self.worker_id, settings=settings)
         self.cancels: Optional[Cancels] = None
 
     # -- control -----------------------------------------------------------------------
     def request_stop(self) -> None:
-        now = time.monotonic()
-        if self._signalled:
-            if now - self._stop_requested_at < SAME_STOP_S:
-                return  # one stop delivered twice: to the process group (Ctrl-C, Slurm) and by a supervisor
-            self._force = True
-            self.outage.stop(now)
-            log.warning("second stop signal: not waiting for in-flight rollouts")
-        else:
-            self._signalled, self._stop_requested_at = True, now
-        self._begin_stop(now)
-
-    def _begin_stop(self, now: float) -> None:
-        """Start the stop's clock (once): the grace period ends grace_period_s from now, and the Outage
-        retries nothing from now on and lets no Redis call outlive the grace period."""
-        if self._grace_ends is None:
-            self._grace_ends = now + self.settings.grace_period_s
-            self.outage.stop(self._grace_ends)
-        self._stopping.set()
-        self._slot.set()
+        self.stop.signal()
 
     def _fail(self, exc: TransportError) -> None:
-        """Redis is gone for good (or refuses us): stop at once, without the grace period. After a stop
-        signal Redis unreachable is no error of its own: the stop's status says what was left."""
-        if self._signalled and isinstance(exc, RedisUnavailable):
-            if not self._force:
-                log.info("Redis unreachable while stopping (%s): not waiting for in-flight rollouts", exc)
-        elif self._fatal is None:
-            self._fatal = exc
-            log.error("stopping: %s", exc)
-        self._force = True
-        self.outage.stop(time.monotonic())
-        self._begin_stop(time.monotonic())
+        self.stop.fail(exc)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -189,7 +155,7 @@ class Worker:
             except TransportError as exc:
                 self._fail(exc)
             except BaseException:
-                self._force = True  # cancelled: do not wait on the grace period
+                self.stop.force = True  # cancelled: do not wait on the grace period
                 raise
             finally:
                 await self._drain()
@@ -206,8 +172,8 @@ class Worker:
                 await self._bounded(self.cancels.aclose(), "stopping the cancel watch")
             await self._bounded(self.r.aclose(), "closing the connection")
             log.info("worker stopped", extra={"worker": self.worker_id, **self.counters})
-        if self._fatal is not None:
-            raise self._fatal
+        if self.stop.fatal is not None:
+            raise self.stop.fatal
         return self.counters
 
     async def _fetch_until_stopped(self) -> None:
@@ -216,7 +182,7 @@ class Worker:
         socket notices) is cancelled: waiting for it would tie the stop to socket_timeout_s. Entries such
         a cancelled read may still deliver stay pending and are reclaimed after the visibility timeout."""
         fetching = asyncio.create_task(self._setup_and_fetch(), name="fetch")
-        stopped = asyncio.create_task(self._stopping.wait(), name="stop")
+        stopped = asyncio.create_task(self.stop.requested.wait(), name="stop")
         try:
             await asyncio.wait([fetching, stopped], return_when=asyncio.FIRST_COMPLETED)
             if not fetching.done():
@@ -232,31 +198,20 @@ class Worker:
         await setup_agent(self.agent, self.agent_name)
         await self._fetch_loop()
 
-    def _left_s(self) -> float:
-        """What is left of the stop's bound (grace_period_s + STOP_MARGIN_S from the stop, less what the
-        process keeps for its own exit), at least a moment for each step."""
-        assert self._grace_ends is not None, "the stop's clock starts before the drain"
-        return max(0.05, self._grace_ends + STOP_MARGIN_S - EXIT_RESERVE_S - time.monotonic())
-
     async def _bounded(self, aw, what: str) -> None:
-        timeout_s = self._left_s()
+        timeout_s = self.stop.left_s()
         try:
             await asyncio.wait_for(aw, timeout_s)
         except asyncio.TimeoutError:
             log.warning("%s took over %.1fs; going on", what, timeout_s)
         except TransportError as exc:
-            log.log(self._after_fatal(), "%s failed: %s", what, exc)
-
-    def _after_fatal(self) -> int:
-        """The level for a shutdown step that failed on Redis: stopping because Redis is gone, the
-        error line said so once, and each step need not warn again (one warning a second per process)."""
-        return logging.INFO if self._fatal is not None else logging.WARNING
+            log.log(self.stop.after_fatal(), "%s failed: %s", what, exc)
 
     async def _fetch_loop(self) -> None:
         s = self.settings
         vt_ms = int(s.visibility_timeout_s * 1000)
         next_reclaim = 0.0
-        while not self._stopping.is_set():
+        while not self.stop.requested.is_set():
             free = self.concurrency - len(self.inflight)
             if free <= 0:
                 self._slot.clear()
@@ -273,7 +228,7 @@ class Worker:
                 free = self.concurrency - len(self.inflight)
                 if free <= 0:
                     continue
-            if self._stopping.is_set():
+            if self.stop.requested.is_set():
                 break
             for entry_id, fields in await self.stream.read(free, s.block_ms):
                 self._start(entry_id, fields, 1)
@@ -284,20 +239,20 @@ class Worker:
 
     @property
     def stopping(self) -> bool:
-        return self._stopping.is_set()
+        return self.stop.requested.is_set()
 
     async def _pause_fetching(self) -> None:
         """Fetch nothing until the agent can take work again (or the worker stops)."""
         started = time.monotonic()
         self.counters["fetch_paused"] += 1
         log.warning("the agent cannot take work (no policy replica available): not fetching tasks until it can")
-        waiters = [asyncio.ensure_future(self.agent.wait_ready()), asyncio.ensure_future(self._stopping.wait())]
+        waiters = [asyncio.ensure_future(self.agent.wait_ready()), asyncio.ensure_future(self.stop.requested.wait())]
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:
                 w.cancel()
-        if not self._stopping.is_set():
+        if not self.stop.requested.is_set():
             log.info("fetching tasks again after %.1fs", time.monotonic() - started)
 
     def _start(self, entry_id: str, fields: dict, deliveries: int) -> None:
@@ -307,13 +262,13 @@ class Worker:
     async def _drain(self) -> None:
         """In-flight rollouts get what is left of the grace period (nothing when forced); the rest are
         cancelled and kept in `_held` for the hand-back."""
-        self._begin_stop(time.monotonic())
-        assert self._grace_ends is not None
-        wait_s = self._grace_ends - time.monotonic()
-        if self.inflight and not self._force and wait_s > 0:
+        self.stop.begin(time.monotonic())
+        assert self.stop.grace_ends is not None
+        wait_s = self.stop.grace_ends - time.monotonic()
+        if self.inflight and not self.stop.force and wait_s > 0:
             log.info("draining %d in-flight rollouts (grace %.1fs)", len(self.inflight), wait_s)
             waiter = asyncio.gather(*self.inflight.values(), return_exceptions=True)
-            force = asyncio.create_task(self._wait_force())
+            force = asyncio.create_task(self.stop.forced())
             await asyncio.wait([waiter, force], timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
             force.cancel()
         self._held.extend(self.inflight)
@@ -324,7 +279,7 @@ class Worker:
         worker goes: the tasks it holds handed back, its heartbeat removed, the settler's last counts.
         What it could not hand back stays pending and is reclaimed after the visibility timeout."""
         held = list(dict.fromkeys(self._held))
-        timeout_s = min(self.settings.stop_settle_timeout_s, self._left_s())
+        timeout_s = min(self.settings.stop_settle_timeout_s, self.stop.left_s())
         idle_ms = int(self.settings.visibility_timeout_s * 1000) + 1
         heartbeat = self.settings.keys.worker(self.worker_id)
         released, *_ = await asyncio.gather(
@@ -340,17 +295,13 @@ class Worker:
         )
         if isinstance(released, BaseException):
             why = "no answer within stop_settle_timeout_s" if isinstance(released, asyncio.TimeoutError) else released
-            log.log(self._after_fatal(), "could not hand back %d tasks: %s", len(held), why)
+            log.log(self.stop.after_fatal(), "could not hand back %d tasks: %s", len(held), why)
             self.counters["left_for_reclaim"] = len(held)
         elif released:
             log.info("handed %d unfinished tasks back to the group", released)
             self.counters["handed_back"] += released
-        signalled = self._signalled and self._fatal is None
+        signalled = self.stop.signalled and self.stop.fatal is None
         log_stop(self.counters["left_for_reclaim"], self.counters["handed_back"], self.settings, signalled)
-
-    async def _wait_force(self) -> None:
-        while not self._force:
-            await asyncio.sleep(0.1)
 
     # -- one task ----------------------------------------------------------------------
     async def _handle(self, entry_id: str, fields: dict, deliveries: int, picked: float) -> None:
@@ -368,7 +319,9 @@ class Worker:
             # worker tries to hand it back with the rest.
             if self.stopping:
                 self._held.append(entry_id)
-            log.log(logging.INFO if self._signalled else logging.ERROR, "could not settle task %s: %s", entry_id, exc)
+            log.log(
+                logging.INFO if self.stop.signalled else logging.ERROR, "could not settle task %s: %s", entry_id, exc
+            )
             if isinstance(exc, (RedisUnavailable, RedisAuthError)):
                 self._fail(exc)
         finally:
