@@ -30,9 +30,7 @@ rollout goes where fewest requests are outstanding. Homes are kept for the last
 `GROUPS_KEPT` groups, so memory stays bounded however many groups pass through.
 
 `ready()` / `wait_ready()` say whether any replica can take work now; the worker fetches no
-task while none can. Health checks use a small session of their own, and a replica that
-answered a request within the last health interval is alive whatever a check says, so a
-saturated connection pool or event loop never takes a working replica out.
+task while none can. The health checks are workers/policy/health_checks.py.
 
 Two settings belong to the backend that owns the rotation. `probes`: hosted APIs have no
 /health, so the openai backend's rotation runs no health checks, and since nothing could then
@@ -63,10 +61,9 @@ import zlib
 from collections import OrderedDict, deque
 from typing import Optional
 
-import aiohttp
-
 from farm.transport import backoff_delay
 from workers.policy.config import PolicyConfig
+from workers.policy.health_checks import HealthChecks
 from workers.policy.load import LoadMonitor
 from workers.policy.replicas import Home, Replica, Session, retry_after_s
 
@@ -88,7 +85,7 @@ class Rotation:
         self._homes: OrderedDict[str, Home] = OrderedDict()  # group -> home, least recently used first
         self._headers = tuple(config.route_headers.items())
         self._monitor_task: Optional[asyncio.Task] = None
-        self._health: Optional[aiohttp.ClientSession] = None
+        self.health = HealthChecks(config, self.replicas, self.put_back, self.take_out)
         self._ready: Optional[asyncio.Event] = None
         self._wake: Optional[asyncio.TimerHandle] = None
         self.load = LoadMonitor(config, self.replicas, self._pump) if config.adaptive_load and probes else None
@@ -341,47 +338,12 @@ class Rotation:
         if self.load is not None and (self._load_task is None or self._load_task.done()):
             self._load_task = asyncio.create_task(self.load.run(), name="policy-load")
         if self.probes and (self._monitor_task is None or self._monitor_task.done()):
-            self._monitor_task = asyncio.create_task(self._monitor(), name="policy-health")
-
-    async def _monitor(self) -> None:
-        """Probe replicas out of rotation often, and the ones in rotation now and then."""
-        next_check = time.monotonic() + self.config.health_interval_s
-        while True:
-            await asyncio.sleep(self.config.probe_interval_s)
-            now = time.monotonic()
-            check_all = now >= next_check
-            if check_all:
-                next_check = now + self.config.health_interval_s
-            for r in self.replicas:
-                if r.healthy and not check_all:
-                    continue
-                alive = await self._alive(r)
-                if alive and not r.healthy:
-                    self.put_back(r)
-                elif not alive and r.healthy and time.monotonic() - r.last_ok > self.config.health_interval_s:
-                    # A replica that answered a request lately is alive, whatever a check that
-                    # timed out behind a saturated event loop says.
-                    self.take_out(r, "health check failed")
-
-    async def _alive(self, r: Replica) -> bool:
-        if self._health is None or self._health.closed:
-            self._health = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=8), timeout=aiohttp.ClientTimeout(total=5.0)
-            )
-        try:
-            async with self._health.get(f"{r.url}/health") as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return False
+            self._monitor_task = asyncio.create_task(self.health.run(), name="policy-health")
 
     async def check_health(self) -> dict[str, bool]:
         """Probe every replica now; take the dead ones out of rotation, bring back the live ones."""
-        for r in self.replicas if self.probes else ():
-            alive = await self._alive(r)
-            if alive and not r.healthy:
-                self.put_back(r)
-            elif not alive and r.healthy:
-                self.take_out(r, "health check failed")
+        if self.probes:
+            await self.health.check_all()
         return {r.url: r.healthy for r in self.replicas}
 
     async def aclose(self) -> None:
@@ -393,5 +355,4 @@ class Rotation:
             await self.load.aclose()
         if self._wake is not None:
             self._wake.cancel()
-        if self._health is not None and not self._health.closed:
-            await self._health.close()
+        await self.health.aclose()
