@@ -35,7 +35,7 @@ from workers.gateway.bridge import BadHistory, Bridge, Message
 from workers.gateway.shapes import GatewayError, Request, bad
 from workers.policy.chat import ChatTokenizer, ToolCall, parse_tool_calls
 from workers.policy.protocol import ContextOverflow, PolicyUnavailable
-from workers.policy.rotation import Session
+from workers.policy.replicas import Session
 from workers.policy.token_policy import CompletionClient
 
 _CALL_BLOCK = re.compile(r"\s*<tool_call>.*?</tool_call>\s*", re.DOTALL)

@@ -20,7 +20,7 @@ from farm.settings import JudgeConfig
 from workers.policy.config import PolicyConfig
 from workers.policy.openai_convo import ChatConversation
 from workers.policy.openai_pool import OpenAIPolicy
-from workers.policy.rotation import Session
+from workers.policy.replicas import Session
 
 
 @dataclass
