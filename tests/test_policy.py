@@ -9,6 +9,7 @@ mid-run (a second vLLM process would double the CPU load of this 2-core machine)
 import asyncio
 import json
 import math
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -347,7 +348,8 @@ async def test_tool_calls_invalid_json_and_unknown_tools_go_back_to_the_model(to
         '<tool_call>{"name": "mul", "arguments": {"a": 1}}</tool_call>'
         '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
     )
-    msgs = await agent._run_tools(parse_tool_calls(text, 0), state, output, calls, metrics)
+    episode = SimpleNamespace(state=state, output=output, calls_made=calls, metrics=metrics, agent_deadline=None)
+    msgs = await agent._run_tools(parse_tool_calls(text, 0), episode)
     assert [m["role"] for m in msgs] == ["tool"] * 4
     assert json.loads(msgs[0]["content"]) == {"sum": 42} and state == [(40, 2)]
     assert msgs[1]["content"].startswith("Error: invalid JSON")
