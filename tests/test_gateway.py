@@ -417,6 +417,10 @@ async def looping(client, task):
             raise RuntimeError("the harness's own error, which the gateway's reason wins over")
 
 
+async def two_at_once(client, task):
+    await client.chat.completions.create(model=task.model, messages=task.messages, n=2)
+
+
 def blocking(client, task):
     return "blocks the event loop"
 
@@ -446,6 +450,14 @@ async def test_harness_failures_end_as_the_contract_says(tokenizer):
     assert rollout.status is Status.truncated and "max_steps" in rollout.metrics["stop_reason"]
     # the same history three times: three samples, each its own segment
     assert rollout.metrics["turns"] == 3 and rollout.metrics["segments"] == 3
+
+    # A parameter the gateway refuses: the harness would ask the same again, so it is not retried,
+    # and the failure names the parameter (not a crash retried max_attempts times).
+    agent = await harness_agent(tokenizer, ["x"], f"{__name__}:two_at_once")
+    with pytest.raises(RolloutFailure) as err:
+        await agent.run(task_for("single_tool_call", row), AgentContext("w", agent.farm))
+    await agent.aclose()
+    assert err.value.kind == "policy" and not err.value.retryable and "parameter `n`" in err.value.message
 
     with pytest.raises(ConfigError, match="not an async function"):
         load_harness(f"{__name__}:blocking")

@@ -82,6 +82,9 @@ class RolloutCalls:
     reported: Optional[tuple[float, dict[str, float]]] = None
     stop_reason: str = ""  # a limit the harness passed: the rollout ends truncated
     failure: Optional[RolloutFailure] = None  # the model failed: the rollout fails with it
+    refused: Optional[Any] = (
+        None  # the newest request the gateway refused (a GatewayError 400): named if the harness gives up
+    )
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     upstream: set[asyncio.Task] = field(default_factory=set)
     responses: dict[str, list[Message]] = field(default_factory=dict)

@@ -183,9 +183,14 @@ class Gateway:
         if endpoint == "models":
             data = [{"id": rollout.model, "object": "model", "created": 0, "owned_by": "farm"}]
             return _json({"object": "list", "data": data})
-        if endpoint == "chat/completions":
-            return await self._chat(rollout, _body(body))
-        return await self._responses(rollout, _body(body))
+        try:
+            if endpoint == "chat/completions":
+                return await self._chat(rollout, _body(body))
+            return await self._responses(rollout, _body(body))
+        except GatewayError as exc:
+            if exc.status == 400 and exc.type == "invalid_request_error" and exc.code != "rollout_limit":
+                rollout.refused = exc  # a harness that gives up on it fails naming the parameter (harness.py)
+            raise
 
     def _rollout(self, secret: str) -> RolloutCalls:
         rollout = self.rollouts.get(secret) if secret else None

@@ -264,6 +264,10 @@ class HarnessAgent(EnvironmentAgent):
             raise RolloutFailure(ErrorKind.agent_error, "the harness cancelled itself", retryable=True)
         if isinstance(exc, RolloutFailure):
             raise exc
+        if exc is not None and calls.refused is not None:  # it would ask the same again: not retried
+            what = f" over its parameter `{calls.refused.param}`" if calls.refused.param else ""
+            message = f"the gateway refused the harness's request{what}: {calls.refused.message}"
+            raise RolloutFailure(ErrorKind.policy, message[:STDERR_CHARS], retryable=False)
         if exc is not None:
             raise RolloutFailure(
                 ErrorKind.agent_error, f"the harness raised {type(exc).__name__}: {exc}"[:STDERR_CHARS], retryable=True
