@@ -265,10 +265,14 @@ USAGE = [
 @pytest.mark.parametrize("argv,expected", USAGE, ids=[" ".join(a)[:60] for a, _ in USAGE])
 @pytest.mark.slow
 def test_bad_data_input_exits_2_in_one_line(argv, expected, files, redis_url, namespace):
+    """One `farm: ...` line, after (for `data prepare`) one line per invalid row naming its line."""
     proc = _exec(argv, {}, redis_url, namespace, files)
-    line = _the_one_line(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    *rows, last = proc.stderr.splitlines()
+    assert last.startswith("farm") and all(re.search(r": line \d+: ", r) for r in rows), proc.stderr
+    assert not rows or argv[:2] == ["data", "prepare"], proc.stderr
     assert proc.returncode == 2, proc.stderr
-    assert expected in line, line
+    assert expected in proc.stderr, proc.stderr
     assert not list((files / "adir").iterdir()), "written into a directory given as the output"
     assert not [p.name for p in files.iterdir() if p.name.endswith(".tmp")], "a temporary file left behind"
 
