@@ -71,8 +71,8 @@ def run(backend: str, agent: str, concurrency: int, work: Path) -> dict:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=120)
     got = [json.loads(line)["rollout"] for line in out.open()]
-    failures = [json.loads(line)["rollout"] for line in Path(str(out).replace(".jsonl", "_failures.jsonl")).open()] \
-        if Path(str(out).replace(".jsonl", "_failures.jsonl")).exists() else []  # fmt: skip
+    failed_file = out.with_name(out.stem + "_failures.jsonl")
+    failures = [json.loads(line)["rollout"] for line in failed_file.open()] if failed_file.exists() else []
     rewards = [r["reward"] for r in got if r.get("reward") is not None]
     lat = [r["timings"]["total_s"] for r in got if r.get("timings", {}).get("total_s")]
     verify = [r["metrics"]["verifier_s"] for r in got if "verifier_s" in r.get("metrics", {})]

@@ -53,6 +53,7 @@ from envs.sdk.sandbox import (
     SandboxSpec,
     SandboxStartError,
     SandboxUnavailable,
+    expired,
 )
 
 __all__ = ["LocalBackend", "LocalSandbox", "STATE_DIR"]
@@ -363,17 +364,10 @@ class LocalBackend:
             running = cg.holds(int(data["pid"]))
             ns = data["labels"].get(LABEL_NAMESPACE)
             # An image build's sandbox has no namespace: every sweeper may remove one that is over.
-            if ns != namespace and not (ns is None and (not running or _expired(data["labels"]))):
+            if ns != namespace and not (ns is None and (not running or expired(data["labels"], time.time()))):
                 continue
             out.append(SandboxInfo(data["id"], data["labels"], running=running))
         return out
 
     async def remove(self, sandbox_id: str) -> None:
         await asyncio.shield(asyncio.to_thread(_remove, self._meta(sandbox_id)))
-
-
-def _expired(labels: Mapping[str, str]) -> bool:
-    try:
-        return float(labels.get(LABEL_EXPIRES, "inf")) < time.time()
-    except ValueError:
-        return False

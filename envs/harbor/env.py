@@ -170,7 +170,7 @@ class Harbor(Environment):
         self.task_of(typed)  # a row whose task cannot be read fails before its sandbox starts
         return typed
 
-    def agent_time_limit(self, row: Any) -> Optional[float]:
+    def agent_time_limit(self, row: Any) -> float:
         return self.task_of(row).config.agent.timeout_sec or self.default_agent_timeout_s
 
     async def open_state(self, row: Any, scope: RolloutScope) -> Box:
@@ -180,7 +180,7 @@ class Harbor(Environment):
             raise RolloutFailure(ErrorKind.infrastructure, "harbor runs in sandboxes: no sandbox backend")
         env = task.config.environment
         image = env.docker_image or await backend.build(ImageSpec(task.environment_dir))
-        agent_s = self.agent_time_limit(row) or self.default_agent_timeout_s
+        agent_s = self.agent_time_limit(row)
         spec = SandboxSpec(
             image=image,
             lifetime_s=agent_s + task.config.verifier.timeout_sec + scope.sandbox_slack_s,

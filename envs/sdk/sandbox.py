@@ -43,6 +43,7 @@ __all__ = [
     "LABEL_TASK",
     "LABEL_WORKER",
     "LABEL_EXPIRES",
+    "expired",
 ]
 
 # Labels (docker) / metadata (local) every sandbox carries, so a sweeper finds the farm's own.
@@ -50,6 +51,16 @@ LABEL_NAMESPACE = "rollout-farm.namespace"
 LABEL_WORKER = "rollout-farm.worker"
 LABEL_TASK = "rollout-farm.task"
 LABEL_EXPIRES = "rollout-farm.expires"  # unix time past which the sandbox has outlived its lifetime
+
+
+def expired(labels: Mapping[str, str], now: float) -> bool:
+    """Whether a sandbox with these labels has outlived its lifetime (LABEL_EXPIRES, unix seconds);
+    a sandbox without a readable expiry has not."""
+    try:
+        return float(labels.get(LABEL_EXPIRES, "inf")) < now
+    except ValueError:
+        return False
+
 
 DEFAULT_MAX_OUTPUT = 64 * 1024  # bytes kept of each of stdout and stderr per exec
 

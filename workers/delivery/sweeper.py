@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional
 
-from envs.sdk.sandbox import LABEL_EXPIRES, LABEL_WORKER, SandboxBackend, SandboxInfo
+from envs.sdk.sandbox import LABEL_WORKER, SandboxBackend, expired
 
 __all__ = ["Sweep", "Sweeper", "alive_workers", "sweep"]
 
@@ -38,13 +38,6 @@ class Sweep:
     found: int = 0
     removed: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
-
-
-def _expired(box: SandboxInfo, now: float) -> bool:
-    try:
-        return float(box.labels.get(LABEL_EXPIRES, "inf")) < now
-    except ValueError:
-        return False
 
 
 async def sweep(
@@ -63,7 +56,7 @@ async def sweep(
     out = Sweep(found=len(boxes))
     for box in boxes:
         owner = box.labels.get(LABEL_WORKER, "")
-        if _expired(box, now):
+        if expired(box.labels, now):
             why = "outlived its lifetime"
         elif owner != me and owner not in live:
             why = f"its worker {owner or '(none)'} is gone"

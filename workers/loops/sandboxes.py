@@ -34,6 +34,7 @@ __all__ = ["SandboxStats", "Tracked", "make_backend", "BackendUnavailable", "clo
 log = logging.getLogger("farm.sandbox")
 
 START_TRIES = 2  # a start failure is retried once
+CLOSE_WAIT_CANCELLED_S = 30.0  # a cancelled rollout waits this long for its sandbox's close
 CLOSE_WAIT_S = 5.0  # a stopping worker waits this long for its sandboxes to close before its backend does
 
 
@@ -146,18 +147,25 @@ class _Counted:
 
 async def close_quietly(close: Any, what: str) -> None:
     """Run `close()` to its end even when the task awaiting it is being cancelled (a timeout, a
-    cancel, a stopping worker): the sandbox must go either way. Errors are logged, not raised."""
+    cancel, a stopping worker): the sandbox must go either way. A failure is logged, not raised
+    (the sweeper removes what is left), whether it comes before or after the cancel."""
     job = asyncio.ensure_future(close())
     try:
         await asyncio.shield(job)
     except asyncio.CancelledError:
+        job.add_done_callback(lambda done: _log_failed_close(done, what))
         try:
-            await asyncio.wait_for(asyncio.shield(job), 30)
-        except BaseException:  # noqa: BLE001 - still cancelled or still failing: the sweeper has it
+            await asyncio.wait({job}, timeout=CLOSE_WAIT_CANCELLED_S)  # never raises the close's own error
+        except asyncio.CancelledError:  # cancelled again while waiting: the close still runs on its own
             pass
         raise
     except Exception as exc:  # noqa: BLE001 - a failed close is logged; the sweeper removes what is left
         log.warning("closing %s failed: %s", what, exc)
+
+
+def _log_failed_close(job: asyncio.Future, what: str) -> None:
+    if not job.cancelled() and job.exception() is not None:
+        log.warning("closing %s failed: %s", what, job.exception())
 
 
 def make_backend(settings: Settings) -> Tracked:
@@ -198,7 +206,8 @@ async def build_images(tracked: Tracked, task_dirs: list[str], progress: Any = N
 
     await check_backend(tracked)
     errors = []
-    for i, path in enumerate(sorted(set(task_dirs)), 1):
+    distinct = sorted(set(task_dirs))
+    for i, path in enumerate(distinct, 1):
         task = load_task(path)
         if task.config.environment.docker_image:
             continue
@@ -209,6 +218,6 @@ async def build_images(tracked: Tracked, task_dirs: list[str], progress: Any = N
             errors.append(f"{task.path}: environment/Dockerfile does not build: {exc}")
             continue
         if progress is not None:
-            progress(f"[{i}/{len(set(task_dirs))}] {task.name}: {ref} ({time.monotonic() - t0:.1f}s)")
+            progress(f"[{i}/{len(distinct)}] {task.name}: {ref} ({time.monotonic() - t0:.1f}s)")
     await tracked.aclose()
     return errors
