@@ -14,6 +14,8 @@ import pytest
 
 from envs.sdk.environment import env_class
 from farm.errors import ConfigError
+from farm.settings import load_settings
+from workers.loops.agent import load_agent
 from workers.loops.harness import load_harness
 
 ENV = "from envs.sdk import Environment\n\n\nclass Pantry(Environment):\n    name = 'pantry'\n"
@@ -75,3 +77,27 @@ def test_the_farm_command_says_it_and_pythonpath_finds_it(project, redis_url, na
     assert f"PYTHONPATH={project}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     proc = subprocess.run(argv, env={**env, "PYTHONPATH": str(project)}, cwd=project, capture_output=True, text=True)
     assert proc.returncode == 2 and "set policy_urls" in proc.stderr, proc.stderr
+
+
+def harness_agent_settings(tmp_path, **overrides):
+    """A harness agent against vLLM with data_dir an empty directory: no prepared model in it."""
+    agents = {"weather": {"harness": "examples.harnesses.plain_sdk:run", "env": "single_tool_call"}}
+    base = {"data_dir": str(tmp_path), "policy_urls": ["http://127.0.0.1:9"], "agents": agents}
+    return load_settings(env={}, overrides={**base, **overrides})
+
+
+def test_a_tokenizer_that_is_not_there_says_what_to_do_not_a_hub_repo_id(tmp_path):
+    """Outside the checkout with no prepared model, a harness agent's tokenizer is a path that does not
+    exist; transformers took it for a hub repo id ("Repo id must be in the form ...")."""
+    with pytest.raises(ConfigError) as caught:
+        load_agent("weather", harness_agent_settings(tmp_path))
+    said = str(caught.value)
+    assert "Repo id" not in said
+    assert said.startswith(f"no tokenizer at {tmp_path / 'models' / 'smollm2-135m-instruct'}")
+    assert "farm policy prepare" in said and "policy_tokenizer" in said
+
+
+def test_a_policy_tokenizer_directory_that_is_not_there_is_named(tmp_path):
+    settings = harness_agent_settings(tmp_path, policy_tokenizer=str(tmp_path / "no-model"))
+    with pytest.raises(ConfigError, match=r"^policy_tokenizer .*no-model is not a directory"):
+        load_agent("weather", settings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 
 import click
 
@@ -107,7 +108,10 @@ def worker(g: Globals, agent, impl, concurrency, processes, metrics_port, health
     from workers.delivery.runtime import run_worker
     from workers.loops.agent import load_agent
 
+    # Loading takes seconds (the environment's module, the policy's tokenizer): say how long.
+    started = time.monotonic()
     loaded = load_agent(agent, s, impl)  # an unknown agent fails here, before any connection
+    log.info("agent %s ready in %.1f s (its environment and policy loaded)", agent, time.monotonic() - started)
     slot = int(os.environ.get("FARM_WORKER_SLOT", "0"))
     with ensure_redis(s) as s:
         counters = run_loop(

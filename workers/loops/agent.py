@@ -13,6 +13,8 @@ so third-party packages plug in the same way the environments do.
 
 from __future__ import annotations
 
+import logging
+import os
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -138,11 +140,23 @@ def _policy(settings: Settings) -> Policy[Any]:
     from workers.policy.token_policy import TokenPolicy
     from workers.policy.tokens import PolicyClient
 
+    path = settings.tokenizer_path
+    if not settings.policy_tokenizer and not os.path.isdir(path):  # else transformers takes it for a hub repo id
+        raise ConfigError(
+            f"no tokenizer at {path} (policy_tokenizer is unset, so the tokenizer is the prepared "
+            f"model {settings.policy_model!r} under data_dir): run `farm policy prepare`, or set "
+            "policy_tokenizer to the served model's directory"
+        )
+    if settings.policy_tokenizer and os.path.isabs(path) and not os.path.isdir(path):
+        raise ConfigError(f"policy_tokenizer {path} is not a directory (a model directory with its tokenizer files)")
+    # Seconds of silence otherwise (transformers' import, the tokenizer files); a path that cannot be one
+    # failed above in one line, with nothing before it.
+    logging.getLogger(__name__).info("loading the policy's tokenizer from %s", path)
     try:
-        tokenizer = ChatTokenizer(settings.tokenizer_path)
+        tokenizer = ChatTokenizer(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(
-            f"cannot load the tokenizer from {settings.tokenizer_path}: {exc} "
+            f"cannot load the tokenizer from {path}: {exc} "
             "(set policy_tokenizer, or run `farm policy prepare`)"
         ) from None
     return TokenPolicy(PolicyClient(config), tokenizer)
