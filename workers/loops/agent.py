@@ -156,8 +156,7 @@ def _policy(settings: Settings) -> Policy[Any]:
         tokenizer = ChatTokenizer(path)
     except (OSError, ValueError) as exc:
         raise ConfigError(
-            f"cannot load the tokenizer from {path}: {exc} "
-            "(set policy_tokenizer, or run `farm policy prepare`)"
+            f"cannot load the tokenizer from {path}: {exc} (set policy_tokenizer, or run `farm policy prepare`)"
         ) from None
     return TokenPolicy(PolicyClient(config), tokenizer)
 
