@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from farm.cli.base import COUNT, POSITIVE, Finite, Globals, cli, pass_globals
 from farm.errors import ConfigError
-from farm.settings import load_settings
+from farm.settings import Settings, load_settings
 
 # -- jobs --------------------------------------------------------------------------------------
 
@@ -132,7 +133,6 @@ def collect(
     progress_every,
 ) -> int:
     """Collect rollouts for a JSONL file of rows: streaming, resumable, with metrics."""
-    from pathlib import Path
 
     from farm.keys import check_name
     from farm.schema import Sampling
@@ -166,6 +166,11 @@ def collect(
         progress=not no_progress,
         progress_every_s=progress_every,
     )
+    return run_collect(_run_settings(g, embedded), options)["exit_code"]
+
+
+def _run_settings(g: Globals, embedded: bool) -> Settings:
+    """The settings of a collect or eval run, its embedded workers told of the config, Redis checked."""
     settings = g.settings()
     if embedded and g.config:  # the embedded workers are children: they read the same file through FARM_CONFIG
         import os
@@ -175,7 +180,7 @@ def collect(
         from farm.connection import reached
 
         reached(settings)  # a Redis that never answered: one line and exit 3, not a start that waits it out
-    return run_collect(settings, options)["exit_code"]
+    return settings
 
 
 @cli.command(
@@ -258,7 +263,6 @@ def evaluate(
     as_json,
 ) -> int:
     """Pass rate on held-out rows (one rollout each), with a 95% interval."""
-    from pathlib import Path
 
     from farm.schema import Sampling
     from producer.collect import CollectOptions, run_collect
@@ -279,7 +283,7 @@ def evaluate(
         pass_threshold=pass_threshold,
         progress=not as_json,
     )
-    summary = run_collect(g.settings(), options)
+    summary = run_collect(_run_settings(g, embedded), options)
     paths = Paths.for_output(Path(output))
     result = score(paths.output, paths.failures, pass_threshold)
     result.update(input=str(input_), temperature=temperature, seed=seed, complete=summary["complete"])
