@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +21,17 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISAB
 
 class PolicyServerError(FarmError):
     """The serving venv, the model or the vLLM server could not be made ready."""
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a child, before exec: the kernel sends it SIGTERM when the process that started it dies,
+    so a step (the model conversion, a pip install) never outlives a stub or server stopped by
+    SIGTERM or SIGKILL mid-step (Linux; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def say(message: str) -> None:
@@ -53,6 +66,7 @@ def run_step(cmd: Sequence[str], log_path: Path, what: str, env: Optional[dict] 
             env=env,
             text=True,
             errors="replace",
+            preexec_fn=die_with_parent,
         )
         for line in proc.stdout:
             log.write(line)

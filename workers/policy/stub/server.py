@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -293,6 +294,9 @@ def with_text_replies(script: Script, texts: list[str], tokenizer: Optional[str]
     chat replies when it has none: what a new environment's turns look like, without token ids."""
     if not texts:
         return script
+    # Seconds of silence otherwise (transformers' import, the tokenizer; the model's preparation on a
+    # first run says its own steps): say what the stub is doing before it listens.
+    print(f"policy stub: loading a tokenizer to encode {len(texts)} text replies ...", file=sys.stderr, flush=True)
     from workers.policy.chat import ChatTokenizer
 
     if tokenizer is None:
