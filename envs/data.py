@@ -45,6 +45,7 @@ from envs.data_rows import (
     row_types,
 )
 from farm.errors import ConfigError, FarmError, UnknownAgent
+from farm.rows import normalize_row
 
 __all__ = [
     "AGENT_TYPE",
@@ -219,7 +220,8 @@ def run_prepare(
 ) -> Summary:
     """Validate every row of a JSONL file and write it back ready for the farm.
 
-    A row without `agent_ref` gets {type: responses_api_agents, name: agent}; with
+    A row in TRL's dataset shape (`prompt` plus columns) is written as a farm row, every column
+    kept (farm.rows.normalize_row). A row without `agent_ref` gets {type: responses_api_agents, name: agent}; with
     `replace_agent`, every row is retargeted to `agent` (e.g. rows exported by NeMo Gym
     for `math_with_judge_simple_agent`, served here by `math`). `agents`, when given, is
     the set of names an agent_ref may use; `row_type_of` (see row_types) checks each row
@@ -244,6 +246,7 @@ def run_prepare(
             if isinstance(row, LineError):
                 problems = [row.message]
             else:
+                row = normalize_row(row)  # a row in TRL's shape (prompt + columns) as a farm row
                 if isinstance(row, dict) and agent and (replace_agent or row.get("agent_ref") is None):
                     summary.agent_refs_added += row.get("agent_ref") is None
                     row = {**row, "agent_ref": {"type": AGENT_TYPE, "name": agent}}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Collection, Iterator, Mapping, Optional
+from typing import Any, Callable, Collection, Iterator, Mapping, Optional
 
 AGENT_TYPE = "responses_api_agents"
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -30,22 +30,28 @@ class LineError:
         return f"line {self.line}: {self.message}"
 
 
-RowTypeOf = Callable[[str], Optional[type]]
+RowTypeOf = Callable[[str], Optional[Any]]  # a Row type, or an environment that checks rows itself
 
 
-def row_types(agent_envs: Optional[Mapping[str, str]] = None) -> RowTypeOf:
+def row_types(agent_envs: Optional[Mapping[str, Any]] = None) -> RowTypeOf:
     """agent name -> the Row type of the environment serving it (configured agents through
-    `agent_envs`, else the environment of that name); None for agents without one (`noop`).
-    Each environment class is looked up once."""
-    from envs.sdk import available_envs, env_class
+    `agent_envs`: an environment name, or the agent's config, farm.agent_config.AgentConfig; else
+    the environment of that name); None for agents without one (`noop`). Each environment class
+    is looked up once. An environment whose rows depend on its options (`check_row_needs_options`:
+    the TRL factory, whose `reset` says what a row holds) is made once with the agent's env_options,
+    and its own `check_row` checks the rows (check_type)."""
+    from envs.sdk import available_envs, env_class, load_env
 
     envs = available_envs()
-    found: dict[str, Optional[type]] = {}
+    found: dict[str, Optional[Any]] = {}
 
-    def of(agent: str) -> Optional[type]:
+    def of(agent: str) -> Optional[Any]:
         if agent not in found:
-            env = (agent_envs or {}).get(agent, agent)
-            found[agent] = getattr(env_class(env), "row_type", None) if (env in envs or ":" in env) else None
+            cfg = (agent_envs or {}).get(agent, agent)
+            env, options = (cfg, None) if isinstance(cfg, str) else (cfg.env, cfg.env_options)
+            cls = env_class(env) if (env in envs or ":" in env) else None
+            needs_options = getattr(cls, "check_row_needs_options", False)
+            found[agent] = load_env(env, options) if needs_options else getattr(cls, "row_type", None)
         return found[agent]
 
     return of
@@ -89,14 +95,18 @@ def check_row(
     return problems
 
 
-def check_type(row: dict, row_type: Optional[type]) -> list[str]:
-    """What keeps `row` from fitting `row_type` (nothing when it fits, or when there is no type)."""
+def check_type(row: dict, row_type: Optional[Any]) -> list[str]:
+    """What keeps `row` from fitting `row_type` (nothing when it fits, or when there is no type);
+    `row_type` may be an environment itself (row_types), whose `check_row` then decides."""
     from envs.sdk import RowError, parse_row
 
     if row_type is None:
         return []
     try:
-        parse_row(row, row_type)
+        if isinstance(row_type, type):
+            parse_row(row, row_type)
+        else:
+            row_type.check_row(row_type.normalize_row(row))
     except RowError as exc:
         return [str(exc)]
     return []

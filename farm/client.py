@@ -33,6 +33,7 @@ from farm.errors import ConfigError
 from farm.keys import GROUP, Keys, check_name, text
 from farm.results import ResultReader
 from farm.resume import continuations
+from farm.rows import normalize_row
 from farm.schema import ErrorKind, Rollout, Task
 from farm.settings import Settings, load_settings
 from farm.state import live_workers_async
@@ -76,6 +77,8 @@ class FarmClient:
         return self.keys.results(run_id)
 
     def task(self, *, run_id: str, agent: str, row: dict, **kw) -> Task:
+        """A task of `run_id` for `agent`; a row in TRL's shape (`prompt` + columns) goes as a farm row."""
+        row = normalize_row(row)
         return Task.new(run_id=run_id, agent=agent, row=row, reply_to=self.results_stream(run_id), **kw)
 
     async def submit(

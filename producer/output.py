@@ -30,6 +30,7 @@ import msgspec
 
 from farm.errors import ConfigError
 from farm.keys import check_name
+from farm.rows import normalize_row
 from farm.schema import Rollout, Task, TokenTrace
 
 _decode = msgspec.json.Decoder()
@@ -110,6 +111,7 @@ def _parse(raw: bytes, number: int, index: int, agent_override: Optional[str]) -
         return BadLine(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
     if not isinstance(row, dict):
         return BadLine(number, f"a row must be a JSON object, got {type(row).__name__}")
+    row = normalize_row(row)  # a row in TRL's shape (prompt + columns) as a farm row
     params = row.get("responses_create_params")
     if not isinstance(params, dict) or "input" not in params:
         return BadLine(number, "missing `responses_create_params.input`")

@@ -25,6 +25,7 @@ from typing import Any, Optional, Sequence
 
 from farm.errors import ConfigError
 from farm.policy_version import announce_live, announce_loading
+from farm.rows import normalize_row
 from farm.settings import Settings
 from farm.transport import redact
 from trainer.config import TrainConfig, grpo_args, model_path
@@ -48,14 +49,18 @@ log = logging.getLogger("farm.trainer")
 
 
 def load_rows(path: str | os.PathLike) -> list[dict]:
+    """The dataset's rows; a row in TRL's shape (`prompt` + columns) as a farm row (farm.rows)."""
     rows = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            row = normalize_row(json.loads(line))
             if not isinstance(row.get("agent_ref"), dict) or "name" not in row["agent_ref"]:
-                raise ValueError(f"{path}:{n}: row lacks agent_ref.name (which agent serves it)")
+                raise ValueError(
+                    f"{path}:{n}: row lacks agent_ref.name (which agent serves it; "
+                    "`farm data prepare --agent NAME` adds one)"
+                )
             rows.append(row)
     return rows
 

@@ -17,11 +17,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from envs.sdk.rows import Row, parse_row
+from envs.sdk.rows import Row, normalize_row, parse_row
 from envs.sdk.sandbox import SandboxBackend
 from envs.sdk.tools import Tool, Toolset
 from farm.errors import ConfigError, UnknownAgent, where
 from farm.lazy import import_object
+from farm.trace import TokenTrace
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -62,6 +63,7 @@ class Transcript:
     tool_calls: list[dict]
     truncated: bool = False
     reported: Optional["Verdict"] = None  # a harness's own grade (task.report), when it gave one
+    trace: Optional[TokenTrace] = None  # the rollout's token ids, when its policy backend keeps them
 
 
 @dataclass
@@ -107,6 +109,13 @@ class Environment:
     def tools(self) -> list[Tool]:
         return self.toolset.list() if self.toolset is not None else []
 
+    def normalize_row(self, row: dict) -> dict:
+        """`row` as it enters this environment, before `check_row` (the worker's read_row, `farm data
+        prepare`): a row in TRL's dataset shape as a farm row (envs.sdk.rows.normalize_row). An
+        environment whose rows imply more may add it (the TRL factory environment puts a row's own
+        tools in `responses_create_params.tools`)."""
+        return normalize_row(row)
+
     def check_row(self, row: dict) -> Any:
         """`row` as this environment's Row; RowError (a ValueError) names what does not fit.
 
@@ -123,6 +132,13 @@ class Environment:
         environment holds something per rollout that must be started (a sandbox) and released.
         Raise RolloutFailure (kind `infrastructure`) when that cannot start."""
         return self.new_state(row)
+
+    def prompt_addition(self, row: Any, state: Any) -> Optional[str]:
+        """Text the environment appends to the last message of the rollout's first prompt, known once
+        its state is open (TRL's `reset` observation); None: the row's prompt as it is. The agent loop
+        asks after `open_state` and before the first model call, and not on a continuation, whose
+        recorded prompt has it already."""
+        return None
 
     async def close_state(self, state: Any) -> None:
         """Release what `open_state` started, after the verifier; the worker calls it however the

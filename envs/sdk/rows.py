@@ -12,6 +12,10 @@ top level. An environment declares its ground truth by subclassing `Row`:
 task's row before it spends a model call on it: a row that does not fit is a `malformed`
 failure that names the field. Fields the Row does not declare are kept and ignored, so rows
 exported by NeMo Gym, which carry more than any one verifier reads, load unchanged.
+
+A row in TRL's dataset shape (`prompt` plus columns) is read as a farm row by `normalize_row`
+(farm/rows.py, re-exported here), and `add_to_prompt` appends an environment's text to the last
+message of a prompt the way TRL appends what an `environment_factory` class's `reset` returns.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from typing import Any, Optional, TypeVar, Union
 
 import msgspec
 
+from farm.rows import normalize_row
 from farm.schema import AgentRef
 
-__all__ = ["AgentRef", "CreateParams", "Row", "RowError", "parse_row"]
+__all__ = ["AgentRef", "CreateParams", "Row", "RowError", "add_to_prompt", "normalize_row", "parse_row"]
 
 
 class RowError(ValueError):
@@ -60,3 +65,19 @@ def parse_row(row: Any, row_type: type[R]) -> R:
         return msgspec.convert(row, row_type, strict=True)
     except msgspec.ValidationError as exc:
         raise RowError(f"row does not fit {row_type.__name__}: {str(exc).replace('$.', '')}") from None
+
+
+def add_to_prompt(prompt: Any, text: Optional[str]) -> Any:
+    """`prompt` with `text` appended to its last message, as TRL appends a `reset` observation: the
+    last message is rebuilt (the row's own list is left untouched), a list of content parts gets a
+    text part; a text prompt gets the text appended. None or "" leaves the prompt as it is."""
+    if not text:
+        return prompt
+    if isinstance(prompt, str):
+        return prompt + text
+    if not prompt:
+        return [{"role": "user", "content": text}]
+    last = prompt[-1]
+    content = last.get("content")
+    added = content + [{"type": "text", "text": text}] if isinstance(content, list) else (content or "") + text
+    return [*prompt[:-1], {**last, "content": added}]

@@ -101,7 +101,7 @@ def data_prepare(g: Globals, path, agent, replace_agent, output, lenient, no_che
 
     settings = g.settings()
     agents = None if no_check_agents else known_agents(settings)
-    types = None if no_check_agents else data_mod.row_types({n: a.env for n, a in settings.agents.items()})
+    types = None if no_check_agents else data_mod.row_types(settings.agents)
     try:
         data_mod.run_prepare(
             path,

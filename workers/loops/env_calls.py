@@ -74,7 +74,9 @@ class EnvironmentAgent:
 
 def read_row(env: Environment, row: dict) -> tuple[Any, dict, list[dict], list[str]]:
     """The row as the environment's typed Row, its `responses_create_params`, its input as chat
-    messages, and its follow-up user texts. A row that does not fit is `malformed`, before any model call."""
+    messages, and its follow-up user texts. A row that does not fit is `malformed`, before any model call.
+    A row in TRL's shape is read as a farm row first (Environment.normalize_row)."""
+    row = env.normalize_row(row)
     params = row.get("responses_create_params")
     if not isinstance(params, dict):
         raise RolloutFailure(ErrorKind.malformed, "row lacks `responses_create_params`")

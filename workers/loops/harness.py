@@ -41,7 +41,7 @@ import shlex
 import time
 from typing import Any, Callable, Optional
 
-from envs.sdk import AgentSettings, Environment, Tool, Transcript, Verdict
+from envs.sdk import AgentSettings, Environment, Tool, Transcript, Verdict, add_to_prompt
 from farm.agent_config import AgentConfig
 from farm.errors import ConfigError, RolloutFailure
 from farm.lazy import import_object
@@ -195,6 +195,7 @@ class HarnessAgent(EnvironmentAgent):
         tools = chat_tools(params["tools"]) if params.get("tools") else self.schemas
         state = await self.open_state(row, task, ctx)
         try:
+            messages = add_to_prompt(messages, self.env.prompt_addition(row, state))  # a reset's observation
             return await self._rollout(task, ctx, row, messages, tools, state)
         finally:
             await self.close_state(state)
@@ -326,6 +327,7 @@ class HarnessAgent(EnvironmentAgent):
             tool_calls=calls_made,
             truncated=bool(calls.stop_reason) or calls.truncated,
             reported=reported,
+            trace=traces[0] if len(traces) == 1 else None,  # one segment: the rollout's ids from its first prompt
         )
         timings = Timings(model_s=calls.model_s, tools_s=metrics.pop("tools_s", 0.0))
         metrics["harness_s"] = round(elapsed, 4)

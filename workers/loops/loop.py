@@ -16,6 +16,11 @@ What a backend keeps of the conversation (the token trace and its invariants, or
 messages / Responses items) is its `Conversation`; the loop only adds to it and reads the
 rollout's token fields from it at the end.
 
+The first prompt is the row's, made once the environment's state is open, with the text the
+environment adds to its last message then (Environment.prompt_addition: an `environment_factory`
+class's `reset` observation, as TRL appends it); a continuation goes on from its recorded prompt,
+which has it already.
+
 The model is called in one place, `AgentLoop._model_turn`: the place to cancel an open model
 request. Replicas are chosen by the rotation from the rollout's `Session`, made in `_start`.
 """
@@ -27,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from envs.sdk import AgentSettings, Environment, Tool, Transcript
+from envs.sdk import AgentSettings, Environment, Tool, Transcript, add_to_prompt
 from farm.schema import Rollout, Task, Timings
 from workers.loops.context import AgentContext
 from workers.loops.env_calls import EnvironmentAgent, max_tokens_capped_by, read_row, run_call, sampling_for, scored
@@ -41,7 +46,6 @@ from workers.policy.token_policy import CompletionClient, TokenPolicy
 class Episode:
     """One rollout in progress: its conversation, what the environment saw, and what it cost."""
 
-    convo: Conversation
     followups: list[str]
     row: Any  # the environment's typed Row
     state: Any
@@ -54,6 +58,8 @@ class Episode:
     truncated: bool = False
     final_text: str = ""
     agent_deadline: Optional[float] = None  # monotonic; past it no new turn starts (Environment.agent_time_limit)
+    # Made once the state is open (`run`): the environment's prompt addition goes into the first prompt.
+    convo: Conversation = field(init=False)
 
 
 class AgentLoop(EnvironmentAgent):
@@ -90,9 +96,12 @@ class AgentLoop(EnvironmentAgent):
         """One rollout: sample a turn, answer its tool calls (or the row's next user turn), until done.
         A continuation (`task.resume`) goes on from where its interrupted rollout stopped; a run
         cancelled by an interrupt (`ctx.interrupts`) returns what it generated so far."""
-        ep = self._start(task)
+        ep, messages, tools = self._start(task)
         ep.state = await self.open_state(ep.row, task, ctx)
         try:
+            if task.resume is None:  # a continuation's recorded prompt has the addition already
+                messages = add_to_prompt(messages, self.env.prompt_addition(ep.row, ep.state))
+            ep.convo = self.policy.conversation(messages, tools)
             return await self._episode(task, ctx, ep)
         finally:
             await self.close_state(ep.state)
@@ -129,11 +138,11 @@ class AgentLoop(EnvironmentAgent):
         versions = ctx.versions.span(mark) if mark is not None and ctx.versions is not None else (None, None)
         return await self._finish(task, ep, versions)
 
-    def _start(self, task: Task) -> Episode:
+    def _start(self, task: Task) -> tuple[Episode, list[dict], list[dict]]:
+        """The episode, the row's first prompt (its chat messages) and the tools it offers."""
         row, params, messages, followups = read_row(self.env, task.row)
         tools = chat_tools(params["tools"]) if params.get("tools") else self.schemas
         ep = Episode(
-            convo=self.policy.conversation(messages, tools),
             followups=followups,
             row=row,
             state=None,  # opened by run (Environment.open_state), closed when the rollout ends
@@ -146,7 +155,7 @@ class AgentLoop(EnvironmentAgent):
         capped = max_tokens_capped_by(task, ep.sampling)
         if capped:  # the environment's max_tokens under the task's: said, not silent
             ep.metrics.update(max_tokens=ep.sampling["max_tokens"], max_tokens_capped_by=capped)
-        return ep
+        return ep, messages, tools
 
     async def _model_turn(self, ep: Episode, step: int) -> Optional[Turn]:
         """One model turn, added to the conversation and the output; None when the rollout ends here."""
@@ -205,7 +214,11 @@ class AgentLoop(EnvironmentAgent):
         fields = ep.convo.rollout_fields()
         ep.metrics.update(ep.convo.token_metrics(), replica_moves=ep.session.moves)
         transcript = Transcript(
-            final_text=ep.final_text, output=ep.output, tool_calls=ep.calls_made, truncated=ep.truncated
+            final_text=ep.final_text,
+            output=ep.output,
+            tool_calls=ep.calls_made,
+            truncated=ep.truncated,
+            trace=fields.get("trace"),
         )
         limit = self.settings.verify_timeout_s
         rollout = await scored(self.env, task, ep.row, ep.state, transcript, limit, ep.metrics, ep.timings, **fields)
