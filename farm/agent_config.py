@@ -1,5 +1,10 @@
 """One agent of a workers config (`agents:` in farm.yaml): the environment that serves a task stream,
-its loop overrides, and, for an agent the farm never saw, its harness or command."""
+its loop overrides, and, for an agent the farm never saw, its harness or command.
+
+`environment_factory` names TRL `environment_factory` classes ("module:Class", or {name:
+"module:Class"} selected by the row's `environment` column) with `reward_funcs` and
+`reward_weights` as GRPOTrainer takes them; the agent is then served by the environment of that
+name (envs/factory), whose env_options they become, and `env` may be left out."""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from typing import Any, Literal, Optional, Union
 
 import msgspec
 
-__all__ = ["AgentConfig"]
+__all__ = ["FACTORY_ENV", "AgentConfig"]
+
+FACTORY_ENV = "environment_factory"  # the environment (envs/factory) that serves TRL classes
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -19,7 +26,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     the farm never saw: it talks to the worker's model gateway (workers/gateway), and `env` provides
     its tools and verifies its answer."""
 
-    env: str
+    env: str = ""  # required, unless environment_factory names the classes (then: FACTORY_ENV)
     loop: Optional[Literal["single_turn", "tool_use", "multi_turn"]] = None
     max_steps: Optional[int] = None
     sampling: dict[str, Any] = {}
@@ -31,8 +38,13 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # sandboxes only (checked at worker start); `command_upload`: a host directory copied to /opt/agent first.
     command_in_sandbox: bool = False
     command_upload: Optional[str] = None
+    # TRL classes and reward functions (docs/trl-environments.md): import paths, as GRPOTrainer takes them.
+    environment_factory: Optional[Union[str, dict[str, str]]] = None
+    reward_funcs: list[str] = []
+    reward_weights: Optional[list[float]] = None
 
     def __post_init__(self) -> None:
+        self._factory()
         if self.harness is not None and self.command is not None:
             raise ValueError("an agent takes `harness` or `command`, not both")
         if self.harness is not None and not re.fullmatch(r"[\w.]+:[\w.]+", self.harness):
@@ -47,3 +59,23 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ValueError(f"{key} must be >= 1, got {value}")
+
+    def _factory(self) -> None:
+        """`environment_factory` and its reward settings as the factory environment's env_options."""
+        if self.environment_factory is None:
+            if not self.env:
+                raise ValueError("an agent needs `env` (an environment) or `environment_factory` (TRL classes)")
+            if self.reward_funcs or self.reward_weights is not None:
+                raise ValueError("reward_funcs and reward_weights go with environment_factory")
+            return
+        if self.env not in ("", FACTORY_ENV):
+            raise ValueError(f"environment_factory is served by env {FACTORY_ENV}: leave out `env: {self.env}`")
+        if not self.environment_factory:
+            raise ValueError("environment_factory must name a class: 'module:Class' or {name: 'module:Class'}")
+        self.env = FACTORY_ENV
+        self.env_options = {
+            **self.env_options,
+            "factory": self.environment_factory,
+            "reward_funcs": list(self.reward_funcs),
+            "reward_weights": self.reward_weights,
+        }

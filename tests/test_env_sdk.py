@@ -280,11 +280,13 @@ ENVS = [
 # their tools' arguments are checked by that server.
 SERVER_ENVS = ["nemo_gym_server"]
 SANDBOX_ENVS = ["harbor"]  # rows come from a task suite (tests/test_harbor_*.py), each rollout in a sandbox
+# Rows, tools and rewards are the classes' an agent names (envs/factory; tests/test_factory*.py).
+FACTORY_ENVS = ["environment_factory"]
 
 
 def test_every_shipped_environment_is_on_the_sdk():
-    assert sorted(available_envs()) == sorted(ENVS + SERVER_ENVS + SANDBOX_ENVS)
-    for name in ENVS + SERVER_ENVS + SANDBOX_ENVS:
+    assert sorted(available_envs()) == sorted(ENVS + SERVER_ENVS + SANDBOX_ENVS + FACTORY_ENVS)
+    for name in ENVS + SERVER_ENVS + SANDBOX_ENVS + FACTORY_ENVS:
         cls = available_envs()[name].load()
         assert issubclass(cls, Environment) and cls.row_type is not Row and issubclass(cls.row_type, Row), name
         # What setup opens (pools, clients, servers), aclose closes: overriding setup means overriding aclose.
