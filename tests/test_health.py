@@ -27,7 +27,7 @@ import urllib.request
 
 import pytest
 from helpers import ROOT
-from helpers.processes import farm_process, stop
+from helpers.processes import error_line, farm_process, stop
 from helpers.redis import make_settings
 from helpers.waiting import async_wait_for, wait_for
 
@@ -67,9 +67,7 @@ def farm(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess
 
 
 def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+    return error_line(err)
 
 
 def consecutive_free_ports(n: int) -> int:

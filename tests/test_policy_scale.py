@@ -19,7 +19,7 @@ import time
 import pytest
 import redis
 from helpers import ROOT
-from helpers.processes import stop
+from helpers.processes import error_line, stop
 from helpers.workers import spawn_worker, worker_env
 
 from farm.client import FarmClient
@@ -178,8 +178,8 @@ def test_a_concurrency_the_open_file_limit_cannot_carry_is_refused(settings, mod
         timeout=120,
     )
     assert out.returncode == 2, out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "4352 open files" in lines[0] and "2048" in lines[0], out.stderr
+    line = error_line(out.stderr)
+    assert "4352 open files" in line and "2048" in line, out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -6,6 +6,7 @@ Every test that uses these starts a process, so it carries the `slow` marker (se
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -92,3 +93,14 @@ def need_binary(name: str, package: str) -> str:
         pytest.fail(reason)
     print(f"SKIP: {reason}")
     pytest.skip(reason)
+
+
+PROGRESS = re.compile(r"^\d\d:\d\d:\d\d INFO    ")  # a progress line of the text log format (farm/logs.py)
+
+
+def error_line(err: str) -> str:
+    """The one line a failed start ends with: no traceback, nothing but INFO progress lines before it
+    (a worker says when it loads its tokenizer and how long its agent took)."""
+    lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.match(line)]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
