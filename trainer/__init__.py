@@ -8,7 +8,8 @@
     trainer.train()
 
 or the pieces for a TRL script of one's own (docs/train-your-own-script.md): `FarmRollout` (the
-`rollout_func`), `FarmGRPOTrainer`, `env_reward`, `WeightSyncCallback`, `VllmReload`. The names
+`rollout_func`), `FarmGRPOTrainer`, `env_reward`, `WeightSyncCallback`, `VllmReload`, and
+`farm_dataset` (TRL's dataset for an `environment_factory`, routed to a farm agent). The names
 are imported on first use, so `import trainer` loads neither torch nor TRL.
 
     config.py         TrainConfig: the reference TRL + NeMo Gym keys and the farm's trainer-side knobs
@@ -35,7 +36,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
     from trainer.config import TrainConfig, load_train_config
     from trainer.grpo import FarmGRPOTrainer
     from trainer.rollout import FarmRollout, env_reward
-    from trainer.train import WeightSyncCallback, build_trainer, run_train
+    from trainer.train import WeightSyncCallback, build_trainer, farm_dataset, run_train
     from trainer.weights import VllmReload
 
 _EXPORTS = {
@@ -45,6 +46,7 @@ _EXPORTS = {
     "env_reward": "trainer.rollout",
     "FarmGRPOTrainer": "trainer.grpo",
     "build_trainer": "trainer.train",
+    "farm_dataset": "trainer.train",
     "run_train": "trainer.train",
     "WeightSyncCallback": "trainer.train",
     "VllmReload": "trainer.weights",
@@ -60,6 +62,7 @@ __all__ = [
     "WeightSyncCallback",
     "build_trainer",
     "env_reward",
+    "farm_dataset",
     "load_train_config",
     "run_train",
 ]

@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import reprlib
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from farm.errors import ConfigError
 from farm.policy_version import announce_live, announce_loading
@@ -39,6 +40,7 @@ __all__ = [
     "SaveAsAsked",
     "WeightSyncCallback",
     "build_trainer",
+    "farm_dataset",
     "load_rows",
     "lora_config",
     "run_train",
@@ -70,6 +72,40 @@ def to_dataset(rows: list[dict]):
     from datasets import Dataset
 
     return Dataset.from_dict({"prompt": [json.dumps(r) for r in rows], "agent": [r["agent_ref"]["name"] for r in rows]})
+
+
+def farm_dataset(dataset: Iterable[Mapping], agent: Optional[str] = None):
+    """TRL's dataset for an `environment_factory` (each row a `prompt`, chat messages or a text, and
+    the columns `reset` and the reward functions read) as the farm's: `to_dataset` of the rows read
+    as farm rows (normalize_row), each routed to `agent`, the farm agent whose config names the class
+    and the reward functions by import path; a row's own agent_ref is kept. A row it cannot take is
+    a ValueError naming its index and columns."""
+    rows = []
+    for n, given in enumerate(dataset):
+        row = normalize_row(dict(given)) if isinstance(given, Mapping) else given
+        problem = _unfit(row, agent)
+        if problem:
+            columns = f"columns {', '.join(given) or 'none'}" if isinstance(given, Mapping) else type(given).__name__
+            raise ValueError(f"dataset row {n} ({columns}): {problem}")
+        rows.append({"agent_ref": {"type": "responses_api_agents", "name": agent}, **row})
+    return to_dataset(rows)
+
+
+def _unfit(row: Any, agent: Optional[str]) -> Optional[str]:
+    """What keeps a dataset row from the farm, for a person; None when it fits."""
+    if not isinstance(row, dict):
+        return "a row must be a mapping of columns"
+    params = row.get("responses_create_params")
+    if params is None:
+        return "no `prompt` (TRL's shape: chat messages or a text) and no `responses_create_params` (a farm row)"
+    prompt = params.get("input") if isinstance(params, dict) else params
+    chat = isinstance(prompt, list) and all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in prompt)
+    if not isinstance(prompt, str) and not chat:
+        return f"the prompt must be chat messages ({{'role': ..., ...}}) or a text, not {reprlib.repr(prompt)}"
+    ref = row.get("agent_ref", {"name": agent})
+    if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not ref["name"]:
+        return "no agent_ref.name to route it by: pass agent=NAME, the farm agent whose config names the class"
+    return None
 
 
 def _callback_base():
