@@ -21,6 +21,7 @@ distinct set of columns, by the environment's `check_row`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from dataclasses import dataclass, field
@@ -50,7 +51,22 @@ def one_line(text: str) -> str:
 
 
 def located(obj: Any) -> str:
-    """`file:line` of a class or function's definition, a module's file ("?" when Python does not know)."""
+    """`file:line` of a class or function's definition, a module's file ("?" when Python does not know).
+
+    Memoized: finding the line reads and tokenizes the source file (0.1-0.5 ms), and a reward source's
+    label is asked for on every rollout's verify (bench/factory_scale.py: a third of the worker's CPU)."""
+    try:
+        return _located(obj)
+    except TypeError:  # an unhashable callable
+        return _locate(obj)
+
+
+@functools.lru_cache(maxsize=1024)
+def _located(obj: Any) -> str:
+    return _locate(obj)
+
+
+def _locate(obj: Any) -> str:
     target = inspect.unwrap(obj) if callable(obj) else obj
     try:
         path = inspect.getsourcefile(target) or inspect.getfile(target)
