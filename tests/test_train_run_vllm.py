@@ -95,41 +95,13 @@ def test_farm_train_embedded_runs_two_steps_of_the_shipped_config(tmp_path, mode
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_farm_policy_serve_takes_weight_updates(tmp_path):
+def test_farm_policy_serve_takes_weight_updates(vllm):
     """`farm policy serve` starts vLLM with VLLM_SERVER_DEV_MODE=1: the pre-flight finds /collective_rpc
-    (before, it was missing and a training run's first weight sync failed)."""
-    import signal
-
+    (before, it was missing and a training run's first weight sync failed). The session's server is
+    started by that command, without VLLM_SERVER_DEV_MODE in its environment (tests/conftest.py)."""
     import httpx
 
     from trainer.preflight import check_policy
 
-    port = free_port("127.0.0.1")
-    env = farm_env(tmp_path, VLLM_CPU_KVCACHE_SPACE="1")
-    env.pop("VLLM_SERVER_DEV_MODE", None)
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "farm", "policy", "serve", "--port", str(port), "--max-model-len", "512"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 400
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
-            time.sleep(1)
-        assert httpx.get(url + "/collective_rpc", timeout=10).status_code == 405
-        check_policy([url])
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(120)
-        log.close()
+    assert httpx.get(vllm.url + "/collective_rpc", timeout=10).status_code == 405
+    check_policy([vllm.url])
