@@ -95,7 +95,9 @@ def test_a_model_backed_worker_checks_redis_before_loading_its_tokenizer(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_collect_started_with_no_redis_exits_3_at_once(tmp_path, namespace):
+@pytest.mark.parametrize("command", ["collect", "eval"])
+def test_a_collect_or_eval_started_with_no_redis_exits_3_at_once(tmp_path, namespace, command):
+    """farm eval shares collect's start: Redis is asked first (eval waited out redis_down_max_s before)."""
     url = f"redis://127.0.0.1:{unused_port()}/0"
     rows = tmp_path / "rows.jsonl"
     row = {
@@ -104,26 +106,10 @@ def test_a_collect_started_with_no_redis_exits_3_at_once(tmp_path, namespace):
     }
     rows.write_text(json.dumps(row) + "\n")
     code, out, took = run_farm(
-        ["collect", "--input", str(rows), "--output", str(tmp_path / "out.jsonl")], url, namespace, tmp_path
+        [command, "--input", str(rows), "--output", str(tmp_path / "out.jsonl")], url, namespace, tmp_path
     )
     assert_one_line(code, out, took, url)
     assert not (tmp_path / "out.jsonl").exists() or not (tmp_path / "out.jsonl").read_text()
-
-
-@pytest.mark.slow
-def test_an_eval_started_with_no_redis_exits_3_at_once(tmp_path, namespace):
-    """farm eval shares collect's start: Redis is asked first (it waited out redis_down_max_s before)."""
-    url = f"redis://127.0.0.1:{unused_port()}/0"
-    rows = tmp_path / "rows.jsonl"
-    row = {
-        "responses_create_params": {"input": [{"role": "user", "content": "question"}]},
-        "agent_ref": {"type": "responses_api_agents", "name": "noop"},
-    }
-    rows.write_text(json.dumps(row) + "\n")
-    code, out, took = run_farm(
-        ["eval", "--input", str(rows), "--output", str(tmp_path / "out.jsonl")], url, namespace, tmp_path
-    )
-    assert_one_line(code, out, took, url)
 
 
 async def test_a_client_that_never_reached_redis_raises_at_once(namespace):
