@@ -326,6 +326,18 @@ async def test_in_process_requests_get_the_servers_answers(gateway):
 
 
 @pytest.mark.slow
+async def test_a_report_of_a_failed_grader_ends_the_rollout_as_a_verifier_failure(gateway):
+    """POST {FARM_TASK_URL}/report {"error": ...}: how a command says its grader failed (an exit
+    status alone is a crash, retried)."""
+    gw, policy, calls, client = await gateway(["ok"])
+    answer = await gw.handle("POST", f"/t/{calls.task_secret}/report", "", b'{"error": "reward raised\\n  KeyError"}')
+    assert answer.status == 200
+    assert calls.stopped.is_set() and calls.failure is not None
+    assert calls.failure.kind == "verifier" and not calls.failure.retryable
+    assert calls.failure.message == "the harness's own grader failed: reward raised KeyError"
+
+
+@pytest.mark.slow
 async def test_max_steps_stops_the_rollout_and_closing_cancels_open_calls(gateway):
     gw, policy, calls, client = await gateway(["a", "b"], max_steps=1)
     await client.chat.completions.create(model="m", messages=HISTORY)
@@ -425,6 +437,12 @@ def blocking(client, task):
     return "blocks the event loop"
 
 
+async def grader_fails(client, task):
+    await client.chat.completions.create(model=task.model, messages=task.messages)
+    task.report_failure("TaskError: the reward function raised ValueError('twelve')")
+    raise RuntimeError("exit 1")  # what a command does next: exit non-zero (a crash, were it alone)
+
+
 @pytest.mark.slow
 async def test_harness_failures_end_as_the_contract_says(tokenizer):
     from envs.single_tool_call import generate
@@ -458,6 +476,16 @@ async def test_harness_failures_end_as_the_contract_says(tokenizer):
         await agent.run(task_for("single_tool_call", row), AgentContext("w", agent.farm))
     await agent.aclose()
     assert err.value.kind == "policy" and not err.value.retryable and "parameter `n`" in err.value.message
+
+    # A harness whose own grader failed: a verifier failure with its message, not retried, whatever the
+    # harness does next (it was a crash retried max_attempts times, then dead-lettered).
+    agent = await harness_agent(tokenizer, ["x"], f"{__name__}:grader_fails")
+    with pytest.raises(RolloutFailure) as err:
+        await agent.run(task_for("single_tool_call", row), AgentContext("w", agent.farm))
+    await agent.aclose()
+    assert err.value.kind == "verifier" and not err.value.retryable
+    said = "the harness's own grader failed: TaskError: the reward function raised ValueError('twelve')"
+    assert err.value.message == said
 
     with pytest.raises(ConfigError, match="not an async function"):
         load_harness(f"{__name__}:blocking")

@@ -93,15 +93,16 @@ def test_a_v1_taskset_grades_through_the_gateway_with_the_sampled_ids(settings, 
 
 def test_a_reward_that_raises_fails_the_rollout_instead_of_scoring_0(settings, config, stub, model_dir):
     """A row whose reference answer is no number: verifiers records its reward's ValueError as a
-    TaskError, the command exits 1 with it, and the farm keeps a failed rollout (reward None) that
-    names it. The other row of the batch, graded as usual, is the negative control."""
+    TaskError, the command reports its grader's failure (POST /report {"error"}) and exits 1, and the
+    farm keeps a `verifier` failure (reward None), not retried, that names it. The other row of the
+    batch, graded as usual, is the negative control."""
     good, bad = dict(ROWS[0]), {**ROWS[1], "answer": "twelve"}
     got = run_through_worker(
-        settings, stub, model_dir, AGENT, [good, bad], FARM_CONFIG=config, FARM_MAX_ATTEMPTS="1", timeout_s=180
+        settings, stub, model_dir, AGENT, [good, bad], FARM_CONFIG=config, FARM_MAX_ATTEMPTS="3", timeout_s=180
     )
     assert got[0].status is Status.ok and got[0].reward == 1.0, got[0].error
     r = got[1]
     assert r.status is Status.failed and r.reward is None and r.reward_components == {}, r
-    assert r.error.kind is ErrorKind.agent_error, r.error
-    assert "verifiers rollout failed: TaskError" in r.error.message, r.error
+    assert r.error.kind is ErrorKind.verifier and r.history == [], r.error  # reported: not retried
+    assert "the harness's own grader failed: verifiers rollout failed: TaskError" in r.error.message, r.error
     assert "reference answer 'twelve' is not an integer" in r.error.message, r.error

@@ -140,7 +140,11 @@ def main() -> None:
     trace = asyncio.run(run(json.load(sys.stdin)))
     if not trace.ok:
         error = trace.last_error
-        sys.exit(f"verifiers rollout failed: {error.type}: {error.message}" if error else "verifiers rollout failed")
+        said = f"verifiers rollout failed: {error.type}: {error.message}" if error else "verifiers rollout failed"
+        if error is not None and error.type == "TaskError":  # the task's own code (a @reward) raised: its
+            # grader failed, a `verifier` failure the farm does not retry; any other error is a crash (retried)
+            httpx.post(os.environ["FARM_TASK_URL"] + "/report", json={"error": said}, timeout=30).raise_for_status()
+        sys.exit(said)
     components = {name: r.score for name, r in trace.rewards.items() if r is not None}
     report = {"reward": trace.reward, "components": components}
     httpx.post(os.environ["FARM_TASK_URL"] + "/report", json=report, timeout=30).raise_for_status()

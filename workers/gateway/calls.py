@@ -38,6 +38,8 @@ from workers.policy.protocol import ContextOverflow, PolicyUnavailable
 from workers.policy.replicas import Session
 from workers.policy.token_policy import CompletionClient
 
+GRADER_ERROR_CHARS = 2000  # of a harness's grader error kept in the failure
+
 _CALL_BLOCK = re.compile(r"\s*<tool_call>.*?</tool_call>\s*", re.DOTALL)
 
 ToolRunner = Callable[[str, dict], Awaitable[str]]
@@ -134,6 +136,13 @@ class RolloutCalls:
         if self.failure is None and not self.stop_reason:
             self.failure = failure
         self.stopped.set()
+
+    def report_failure(self, error: Any) -> None:
+        """A harness whose own grader failed (POST /report {"error": ...}): the rollout ends now as a
+        `verifier` failure with that message, not retried (a grader that raises on this answer would
+        raise again) and never scored, whatever the harness does next (it may exit non-zero)."""
+        message = " ".join(str(error).split())[:GRADER_ERROR_CHARS] or "(no message)"
+        self.fail(RolloutFailure(ErrorKind.verifier, f"the harness's own grader failed: {message}", retryable=False))
 
     def report(self, reward: Any, components: Any = None) -> None:
         """A harness's own grade; a bad value is refused with the reason (ValueError)."""

@@ -6,7 +6,8 @@ Routes (every model route under both prefixes):
   POST {base}/responses           the Responses API (function calls; stream or not)
   GET  {base}/models              the one model a rollout may name
   POST /t/{secret}/tools/{name}   a command harness's tool call: the JSON arguments -> {"output": text}
-  POST /t/{secret}/report         a command harness's own grade: {"reward", "components"}
+  POST /t/{secret}/report         a command harness's own grade: {"reward", "components"}, or
+                                  {"error": "..."}: its grader failed (a `verifier` failure)
   GET  /t/{secret}/task           the task, as the command got it on stdin
 
 `{base}` is `/r/{secret}/v1` (the rollout's base URL) or `/v1` with the secret as the bearer key;
@@ -243,6 +244,9 @@ class Gateway:
             return _json({"output": await rollout.call_tool(rest[1], _body(body))})
         if rest == ["report"] and method == "POST":
             report = _body(body)
+            if isinstance(report, dict) and report.get("error") is not None:
+                rollout.report_failure(report["error"])
+                return _json({"ok": True})
             try:
                 rollout.report(report.get("reward"), report.get("components"))
             except ValueError as exc:

@@ -75,6 +75,7 @@ class HarnessTask:
     task_id    the farm's task id
     await call_tool(name, arguments) -> str   the environment's tool on this rollout's state
     report(reward, components=None)           the harness's own grade
+    report_failure(error)                     its grader failed: a `verifier` failure, not retried
     """
 
     def __init__(self, task: Task, messages: list[dict], tools: list[dict], calls: RolloutCalls, gateway: Gateway):
@@ -103,6 +104,9 @@ class HarnessTask:
 
     def report(self, reward: float, components: Optional[dict[str, float]] = None) -> None:
         self._calls.report(reward, components)
+
+    def report_failure(self, error: Any) -> None:
+        self._calls.report_failure(error)
 
     def __repr__(self) -> str:  # never the secret
         return (
