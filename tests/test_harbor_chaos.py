@@ -100,9 +100,16 @@ class Chaos:
         return None
 
     def kill_worker(self) -> None:
-        found = wait_until(lambda: self.victim() if not self.done.is_set() else -1, 60.0)
-        if found == -1:  # the run ended first
+        def pick() -> tuple | None:  # (index,) of a victim, ("done",) once the run ended; None: none yet
+            if self.done.is_set():
+                return ("done",)
+            found = self.victim()
+            return None if found is None else (found,)  # a tuple: worker 0 is a victim too (0 is falsy)
+
+        picked = wait_until(pick, 60.0)
+        if picked == ("done",):  # the run ended first
             return
+        found = None if picked is None else picked[0]
         i = 0 if found is None else found
         pid = self.workers[i].pid
         self.workers[i].kill()
