@@ -26,6 +26,57 @@ from farm.settings import Settings
 
 def pytest_configure(config):
     markers.register(config)
+    _warm_font_cache()
+
+
+def _warm_font_cache() -> None:
+    """matplotlib (which reasoning_gym imports) builds its font cache on its first import on a
+    machine, running `fc-list`: done here, once, so that no test is charged with that process."""
+    import glob
+    import importlib.util
+
+    cache = os.environ.get("MPLCONFIGDIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "matplotlib"
+    )
+    if not glob.glob(os.path.join(cache, "fontlist-*.json")) and importlib.util.find_spec("matplotlib"):
+        import matplotlib.font_manager  # noqa: F401
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The test groups of a parallel run: `scripts/test` runs pytest-xdist with `--dist loadgroup`,
+    and a group's tests run on one worker, one after another; the other tests are spread one by one.
+
+    - `vllm`: every test that uses the session's vLLM. One such server for the run, and the
+      trainer's tests that reload its weights never overlap a test that reads them.
+    - `vllm-own`: the other `vllm` tests, which start a vLLM of their own (`farm train
+      --embedded`), so that at most two vLLMs run at once (memory).
+    - a module's own group (`pytestmark = pytest.mark.xdist_group(...)`), where it says why;
+    - a module whose tests share a fixture of its own beyond one test (a server, a cluster, a
+      virtualenv's python): the module, so that the fixture starts once.
+    """
+    for item in items:
+        if "vllm" in getattr(item, "fixturenames", ()):
+            group = "vllm"
+        elif item.get_closest_marker("vllm") is not None:
+            group = "vllm-own"
+        elif item.get_closest_marker("xdist_group") is not None:
+            continue
+        elif _shares_a_module_fixture(item):
+            group = item.nodeid.split("::")[0]
+        else:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    module = item.nodeid.split("::")[0]
+    return any(
+        defs[-1].scope != "function" and defs[-1].baseid.startswith(module) for defs in info.name2fixturedefs.values()
+    )
 
 
 @pytest.fixture(scope="session")

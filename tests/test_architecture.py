@@ -13,6 +13,10 @@ from helpers import ROOT
 
 LINT = Path(sys.executable).with_name("lint-imports")
 
+# Some of these tests add a probe module to the source tree for a moment, which the others would
+# read: under a parallel run (scripts/test) the module's tests run on one worker, one after another.
+pytestmark = pytest.mark.xdist_group("source-tree")
+
 
 def lint() -> subprocess.CompletedProcess:
     return subprocess.run([str(LINT), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -19,6 +21,10 @@ PACKAGES = ("farm", "workers", "envs", "producer", "trainer")
 NOT_THE_FARMS = (ROOT / "envs" / "harbor" / "suite",)
 # Import name -> distribution name, where they differ beyond case and `_`/`-`.
 DISTRIBUTION = {"yaml": "pyyaml"}
+
+# It reads every module of the source tree, where tests/test_architecture.py adds probe modules for
+# a moment: the two modules share a group of a parallel run (one worker, one after another).
+pytestmark = pytest.mark.xdist_group("source-tree")
 
 
 def normal(name: str) -> str:

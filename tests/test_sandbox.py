@@ -44,9 +44,27 @@ GOOD = "def add(a, b):\n    return a + b\n"
 FAST = Limits(wall_s=3.0, cpu_s=1, memory_mb=256, max_processes=6)
 
 
-def sandbox_processes() -> list[int]:
-    """Live processes of any sandbox uid (zombies included: they still hold a process slot)."""
-    return [int(e) for e in os.listdir("/proc") if e.isdigit() and _sandbox_uid(e)]
+def sandbox_processes(uids: list[int] | None = None) -> list[int]:
+    """Live processes of any sandbox uid, or of `uids` (zombies included: they still hold a process
+    slot). A test checks the uids its own runs leased (`leased`): other tests of a parallel run may
+    be running programs under other sandbox uids meanwhile."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and _sandbox_uid(e, uids)]
+
+
+@pytest.fixture
+def leased(monkeypatch) -> list[int]:
+    """The sandbox uids this test's own runs (in this process) leased, in order."""
+    from envs.sandbox import isolation
+
+    uids: list[int] = []
+    enter = isolation.UidLease.__enter__
+
+    def recording(lease) -> int:
+        uids.append(enter(lease))
+        return uids[-1]
+
+    monkeypatch.setattr(isolation.UidLease, "__enter__", recording)
+    return uids
 
 
 def _zombie(pid: int) -> bool:
@@ -63,12 +81,13 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _sandbox_uid(pid: str) -> bool:
+def _sandbox_uid(pid: str, uids: list[int] | None = None) -> bool:
     try:
         line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Uid:"))
     except (OSError, StopIteration):
         return False
-    return UID_BASE <= int(line.split()[1]) < UID_BASE + UID_COUNT
+    uid = int(line.split()[1])
+    return uid in uids if uids is not None else UID_BASE <= uid < UID_BASE + UID_COUNT
 
 
 @pytest.mark.slow
@@ -97,14 +116,14 @@ def test_answers_that_only_claim_equality_fail():
 
 
 @pytest.mark.slow
-def test_an_infinite_loop_is_killed_at_the_cpu_or_wall_limit():
+def test_an_infinite_loop_is_killed_at_the_cpu_or_wall_limit(leased):
     t0 = time.monotonic()
     r = run_program("while True:\n    pass\n", ADD, FAST)
     assert r.reason == "timeout" and r.passed == 0 and r.signal in ("SIGXCPU", "SIGKILL") and "CPU" in r.detail
     assert time.monotonic() - t0 < FAST.wall_s + 2
     r = run_program("import time\ntime.sleep(60)\n", ADD, FAST)  # no CPU used: the wall clock kills it
     assert r.reason == "timeout" and "wall" in r.detail and r.duration_s < FAST.wall_s + 1
-    assert sandbox_processes() == []
+    assert len(leased) == 2 and sandbox_processes(leased) == []
 
 
 @pytest.mark.slow
@@ -118,7 +137,7 @@ def test_a_memory_bomb_fails_safely():
 
 
 @pytest.mark.slow
-def test_forks_stop_at_the_process_limit_and_nothing_outlives_the_run():
+def test_forks_stop_at_the_process_limit_and_nothing_outlives_the_run(leased):
     counting = (
         "import os, sys, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(60)\n"
         "            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('forks', n, type(e).__name__, file=sys.stderr)\n"
@@ -128,17 +147,17 @@ def test_forks_stop_at_the_process_limit_and_nothing_outlives_the_run():
     forks, err = r.stderr.split()[1:3]
     assert r.reason == "ok" and r.passed == 3
     assert 0 < int(forks) <= FAST.max_processes and err == "BlockingIOError", r.stderr
-    assert sandbox_processes() == []  # the sleeping children were killed with the run
+    assert leased and sandbox_processes(leased) == []  # the sleeping children were killed with the run
 
 
 @pytest.mark.slow
-def test_a_fork_bomb_fails_safely():
+def test_a_fork_bomb_fails_safely(leased):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     t0 = time.monotonic()
     r = run_program(bomb, ADD, FAST)
     assert r.reason in ("timeout", "killed", "error") and r.passed == 0
     assert time.monotonic() - t0 < FAST.wall_s + 3
-    assert sandbox_processes() == []
+    assert leased and sandbox_processes(leased) == []
     assert run_program(GOOD, ADD, FAST).passed == 3  # the machine still runs programs
 
 
@@ -249,6 +268,22 @@ async def test_a_worker_dying_mid_job_is_a_sandbox_error_and_it_is_restarted(red
         client.close()
 
 
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 def _children(pid: int) -> set[int]:
     try:
         return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
@@ -271,20 +306,24 @@ async def test_a_work_horse_dies_with_its_killed_worker_and_takes_the_program_al
                 break
             await asyncio.sleep(0.05)
         (horse,) = horses
+
+        def running(pids) -> list[int]:
+            return [p for p in pids if b"runner.py" in _cmdline(p) and not _zombie(p)]
+
+        programs: list[int] = []
         for _ in range(200):  # the program under the horse (through the namespace's outer process)
-            if any(b"runner.py" in _cmdline(p) for p in sandbox_processes() if not _zombie(p)):
+            programs = running(_descendants(horse))  # this test's: others may run programs meanwhile
+            if programs:
                 break
             await asyncio.sleep(0.05)
-        assert any(b"runner.py" in _cmdline(p) for p in sandbox_processes()), "the program never started"
+        assert programs, "the program never started"
         proc.kill()
         proc.wait()
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 5 and (
-            not _zombie(horse) or any(b"runner.py" in _cmdline(p) for p in sandbox_processes() if not _zombie(p))
-        ):
+        while time.monotonic() - t0 < 5 and (not _zombie(horse) or running(programs)):
             await asyncio.sleep(0.05)
         assert _zombie(horse), f"the work horse {horse} outlived its worker"
-        assert not [p for p in sandbox_processes() if b"runner.py" in _cmdline(p) and not _zombie(p)]
+        assert not running(programs), "the program outlived its killed worker's horse"
     finally:
         client.close()
 
@@ -296,25 +335,28 @@ async def test_a_cancelled_wait_stops_the_running_program(redis_url, queue, sync
     client = SandboxClient(redis_url, queue, start_workers=1)
     try:
         assert (await client.run(GOOD, ADD, FAST)).passed == 3  # the worker is up (it runs as a sandbox uid too)
+        (worker,) = client.workers.values()
         idle = set(sandbox_processes())
         job = await client.submit("import time\ntime.sleep(60)\n", ADD, Limits(wall_s=20))
         waiting = asyncio.create_task(client.wait(job, 60))
-        # The job's horse and program; a zombie is dead (it waits for this process, when an earlier test's
-        # run_program made it the subreaper, to reap it).
-        program = lambda: {p for p in set(sandbox_processes()) - idle if not _zombie(p)}  # noqa: E731
-        running = lambda: any(b"runner.py" in _cmdline(p) for p in program())  # noqa: E731
+        # The job's horse and program, under this test's worker (other tests may run programs meanwhile);
+        # a zombie is dead (it waits for this process, when an earlier test's run_program made it the
+        # subreaper, to reap it). Once seen, the same processes are watched: killed, they leave the tree.
+        alive = lambda pids: {p for p in pids if not _zombie(p) and _sandbox_uid(str(p))}  # noqa: E731
+        program: set[int] = set()
         for _ in range(200):
-            if running():
+            program = alive(set(_descendants(worker.pid)) - idle)
+            if any(b"runner.py" in _cmdline(p) for p in program):
                 break
             await asyncio.sleep(0.05)
-        assert running(), "the program never started"
+        assert any(b"runner.py" in _cmdline(p) for p in program), "the program never started"
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         t0 = time.monotonic()
-        while program() and time.monotonic() - t0 < 5:
+        while alive(program) and time.monotonic() - t0 < 5:
             await asyncio.sleep(0.05)
-        assert not program(), "the program outlived the cancelled wait"
+        assert not alive(program), "the program outlived the cancelled wait"
         assert (await client.run(GOOD, ADD, FAST)).passed == 3, "the worker serves the next job"
     finally:
         client.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -261,35 +262,63 @@ HOSTILE = [
 PARTIAL = {"print the one answer shown in the prompt for every input"}
 
 
-def _sandbox_processes() -> list[int]:
-    out = []
+def _sandboxed(uid: int) -> bool:
+    return UID_BASE <= uid < UID_BASE + UID_COUNT
+
+
+def _sandbox_processes() -> set[str]:
+    out = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 line = next(x for x in Path(f"/proc/{entry}/status").read_text().splitlines() if x.startswith("Uid:"))
             except (OSError, StopIteration):
                 continue
-            if UID_BASE <= int(line.split()[1]) < UID_BASE + UID_COUNT:
-                out.append(int(entry))
+            if _sandboxed(int(line.split()[1])):
+                out.add(entry)
     return out
 
 
 def _shm_segments() -> set[str]:
-    return {line.split()[1] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:] if line.strip()}
+    """Shared memory segments a sandbox uid created (a program's; the host's own run as root)."""
+    rows = [line.split() for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:] if line.strip()]
+    return {row[1] for row in rows if _sandboxed(int(row[9]))}
 
 
 def _files() -> set[str]:
-    return {str(p) for top in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(top).iterdir()}
+    """What a program could leave in the shared temporary directories (owned by its sandbox uid), and
+    the sandbox's own directories (farm-sandbox-*); other files there are other tests'."""
+    out = set()
+    for top in ("/tmp", "/var/tmp", "/dev/shm"):
+        for p in Path(top).iterdir():
+            try:
+                mine = _sandboxed(p.lstat().st_uid) or p.name.startswith("farm-sandbox-")
+            except OSError:
+                continue
+            if mine and "farm-sandbox-uids" not in p.name:
+                out.add(str(p))
+    return out
+
+
+def _outlived(now, before: set[str], seconds: float = 30.0) -> set[str]:
+    """What `now()` holds that `before` did not and that is still there after `seconds`. Other tests
+    of a parallel run sandbox programs too: theirs come and go, a leak of this suite's stays."""
+    extra = now() - before
+    deadline = time.monotonic() + seconds
+    while extra and time.monotonic() < deadline:
+        time.sleep(0.5)
+        extra &= now()
+    return extra
 
 
 @pytest.fixture(scope="module")
 def host():
-    before = (set(_sandbox_processes()), _shm_segments(), _files())
+    before = (_sandbox_processes(), _shm_segments(), _files())
     yield
     procs, shm, files = before  # processes of sandbox uids before the suite: rq sandbox workers of other tests
-    assert set(_sandbox_processes()) <= procs, "processes of sandbox uids outlived the suite"
-    assert _shm_segments() <= shm, "shared memory segments outlived the suite"
-    new = {f for f in _files() - files if "pytest" not in f and "farm-sandbox-uids" not in f}
+    assert not _outlived(_sandbox_processes, procs), "processes of sandbox uids outlived the suite"
+    assert not _outlived(_shm_segments, shm), "shared memory segments outlived the suite"
+    new = _outlived(_files, files)
     assert not new, f"files outlived the suite: {sorted(new)[:5]}"
 
 

@@ -8,10 +8,12 @@ through; `multiprocessing`'s `Process.start`, which pools and process executors 
 wrapped to record what was started, in which test and in which fixture. A test without `slow`
 then fails, naming what it started, when its setup or its body started anything, or when it uses
 a fixture that started something for an earlier test: a session fixture such as `vllm` starts its
-server once, but every test that uses it needs that server. The test Redis that `redis_url` starts
-when none answers is the one exemption: every queue test uses it, and it is the suite's
-infrastructure, not the test's. Fixture teardown is not checked (a session fixture's teardown
-runs in whichever test happens to be last).
+server once, but every test that uses it needs that server. Two fixtures are exempt, the
+suite's infrastructure rather than the test's: the test Redis that `redis_url` starts when none
+answers (every queue test uses it), and `model_dir`, which prepares the model once per machine
+(vLLM's virtualenv and a conversion, which `scripts/test` starts in the background; a test that
+only reads the tokenizer is not slow because its run happened to come first). Fixture teardown
+is not checked (a session fixture's teardown runs in whichever test happens to be last).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import threading
 import pytest
 
 # Fixtures whose processes are the suite's infrastructure rather than the test's.
-EXEMPT_FIXTURES = frozenset({"redis_url"})
+EXEMPT_FIXTURES = frozenset({"redis_url", "model_dir"})
 
 
 def _describe_command(args) -> str:
