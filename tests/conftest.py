@@ -156,6 +156,7 @@ def vllm(model_dir, tmp_path_factory):
 
     from farm.embedded import free_port
     from workers.policy.serving import PolicyServer
+    from workers.policy.serving.common import die_with_parent
 
     if os.environ.get("FARM_TEST_VLLM_URL"):
         url = urlsplit(os.environ["FARM_TEST_VLLM_URL"])
@@ -168,7 +169,13 @@ def vllm(model_dir, tmp_path_factory):
     argv = [sys.executable, "-m", "farm", "policy", "serve", "--port", str(port), "--max-model-len", "1024"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [*argv, "--ready-timeout", "600"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+            [*argv, "--ready-timeout", "600"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=die_with_parent,  # a test process that dies (a crashed worker) stops it too
         )
     server = PolicyServer(model_dir, host="127.0.0.1", port=port, max_model_len=1024)
     deadline = time.monotonic() + 660
