@@ -142,7 +142,7 @@ def test_tasks_that_attack_their_sandbox_end_with_their_reason_and_the_others_go
     # The agent's processes were killed at its timeout and before the tests ran: nothing kept writing.
     assert got["never-stops"].status == "ok" and got["never-stops"].reward == 1.0, got["never-stops"]
     assert got["never-stops"].metrics["oracle_timed_out"] is True
-    assert got["forkbomb"].status == "ok" and got["forkbomb"].reward in (0.0, 1.0), got["forkbomb"]
+    assert got["forkbomb"].status == "ok" and got["forkbomb"].reward in (0.0, 1.0), got["forkbomb"].error
     # A full disk: graded if the tests still fit, else a verifier failure that says why (never a 0).
     fill = got["diskfill"]
     assert (fill.status == "ok" and fill.reward in (0.0, 1.0)) or (

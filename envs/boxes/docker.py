@@ -92,6 +92,8 @@ _WATCH_S = 1.0  # at most this long between asking whether a running exec's prog
 _DRAIN_S = 0.1  # output read after the program ended, while its background children hold the streams
 _GRACE_S = 3.0  # how long a killed command's stream may take to end before it is dropped
 _KILL_TIMEOUT_S = 20.0
+_CANNOT_START = 126  # an exec's status when its process could not start (no pid left to fork)
+_KILL_STARTS = 10
 
 
 class DockerSandbox:
@@ -213,9 +215,18 @@ class DockerSandbox:
 
     async def kill_all(self) -> None:
         try:
-            if await self._kill(0) == 0:
+            for attempt in range(_KILL_STARTS):
+                code = await self._kill(0)
+                if code != _CANNOT_START:
+                    break
+                # Every pid held (a fork bomb at the pids limit): the killer's own process could not
+                # start. The bomb's processes come and go, so a slot frees within moments.
+                await asyncio.sleep(0.05 * (attempt + 1))
+            if code == 0:
                 return
-            why = "processes survived 50 passes of SIGKILL"
+            reasons = {None: "the killer did not end in time", 1: "processes survived 50 passes of SIGKILL"}
+            reasons[_CANNOT_START] = f"the killer could not start in {_KILL_STARTS} tries: every pid is held"
+            why = reasons.get(code, f"the killer exited {code}")
         except SandboxError as e:
             why = str(e)
         await self.close()
