@@ -21,6 +21,7 @@ from helpers.sandboxes import base_tree, leftovers, metadata
 
 from envs.boxes.local import LocalBackend, LocalSandbox
 from envs.sdk.sandbox import (
+    LABEL_EXPIRES,
     LABEL_NAMESPACE,
     ImageSpec,
     SandboxError,
@@ -373,3 +374,21 @@ async def test_a_build_sandbox_whose_pid_1_died_is_found_by_any_namespaces_sweep
         assert _gone(backend, dead, cgroups) == []
     finally:
         await live.close()
+
+
+async def test_a_build_sandbox_still_starting_is_no_other_sweeps(backend: LocalBackend) -> None:
+    """A sandbox's record is written before its PID 1 exists (a crash from there on leaves something
+    to sweep). A build sandbox in that moment was listed to every namespace's sweep as one whose PID
+    1 had died, and a sweeper elsewhere on the machine removed its cgroups under it: its start failed
+    (ENODEV writing cgroup.procs), seen as `farm data generate --build` failing beside a worker."""
+    from envs.boxes.local import _write_meta
+
+    def record(sandbox_id: str, lifetime_s: float) -> None:
+        labels = {LABEL_EXPIRES: f"{time.time() + lifetime_s:.0f}"}
+        cgroups = [str(backend.state_dir / "no-cgroup" / sandbox_id)]
+        data = {"id": sandbox_id, "pid": 0, "labels": labels, "cgroups": cgroups, "track": cgroups[0]}
+        _write_meta(backend.state_dir / "sandboxes" / f"{sandbox_id}.json", data)
+
+    record("lb-starting", 300)
+    record("lb-never-started", -1)  # a start that crashed: swept once its lifetime is past
+    assert [b.id for b in await backend.list("any-namespace")] == ["lb-never-started"]

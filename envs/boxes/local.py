@@ -361,10 +361,13 @@ class LocalBackend:
             except (OSError, ValueError):
                 continue
             cg = SandboxCgroup([Path(d) for d in data["cgroups"]], Path(data["track"]))
-            running = cg.holds(int(data["pid"]))
+            pid = int(data["pid"])
+            running = cg.holds(pid)
             ns = data["labels"].get(LABEL_NAMESPACE)
-            # An image build's sandbox has no namespace: every sweeper may remove one that is over.
-            if ns != namespace and not (ns is None and (not running or expired(data["labels"], time.time()))):
+            # An image build's sandbox has no namespace: every sweeper may remove one that is over,
+            # its PID 1 gone or its lifetime past. One with no PID 1 recorded yet is starting, not over.
+            over = expired(data["labels"], time.time()) or (pid != 0 and not running)
+            if ns != namespace and not (ns is None and over):
                 continue
             out.append(SandboxInfo(data["id"], data["labels"], running=running))
         return out
