@@ -155,25 +155,28 @@ def test_a_write_acknowledged_just_before_the_kill_survives_only_if_its_wait_sai
     (asserted); without, the losses are counted and printed (docs/failover.md), not asserted."""
     cluster = SentinelCluster(tmp_path / "redis").start()
     lost = {0: 0, 1: 0}
+    counted = 0  # WAITs that counted the replica (one that timed out under load promises nothing)
     try:
         for trial in range(2 * TRIALS):
             wait = trial % 2
             pipe = cluster.client(cluster.master()).pipeline(transaction=False)
             pipe.incr("n")
             if wait:
-                pipe.execute_command("WAIT", 1, 1000)
+                pipe.execute_command("WAIT", 1, 5000)
             replies = pipe.execute()
             old = cluster.kill_master()
             cluster.wait_failover(old)
             kept = int(cluster.client(cluster.master()).get("n") or 0) >= replies[0]
             lost[wait] += not kept
-            if wait:
-                assert replies[1] == 1 and kept, f"trial {trial}: WAIT said {replies[1]}, kept: {kept}"
+            if wait and replies[1] == 1:
+                counted += 1
+                assert kept, f"trial {trial}: WAIT counted the replica, and the INCR is lost"
             cluster.start_server(old, replica_of=cluster.master())
             cluster.wait_replicas(1, timeout=30)
     finally:
         cluster.stop()
     print(
         f"\nacknowledged INCRs lost in a failover: {lost[0]} of {TRIALS} without WAIT, "
-        f"{lost[1]} of {TRIALS} with WAIT 1"
+        f"{lost[1]} of {TRIALS} with WAIT 1 ({counted} of whose WAITs counted the replica)"
     )
+    assert counted >= TRIALS // 2, f"only {counted} of {TRIALS} WAITs counted the replica: the check says little"
