@@ -4,10 +4,11 @@ The Redis on 127.0.0.1:6379 (or $FARM_TEST_REDIS_URL) when it answers; otherwise
 redis-server started for the session. Each test gets its own namespace, and its keys are
 deleted afterwards, so tests never see each other's streams.
 
-Only fixtures live here. The helpers the tests share are in `tests/helpers/`, one module per
-concern, and tests import them from there (`from helpers.workers import spawn_worker`). This
-module also installs the check that a test which starts a process or a server carries the `slow`
-marker (`helpers.markers`).
+Only fixtures and the suite's hooks live here. The helpers the tests share are in
+`tests/helpers/`, one module per concern, and tests import them from there (`from helpers.workers
+import spawn_worker`). The hooks install the check that a test which starts a process or a server
+carries the `slow` marker (`helpers.markers`), and say which tests share a worker of a parallel
+run (`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
