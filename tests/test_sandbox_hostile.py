@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.uids import sandbox_processes, sandboxed
 
-from envs.sandbox import UID_BASE, UID_COUNT, Limits, run_program
+from envs.sandbox import Limits, run_program
 
 NEEDS = "the sandbox's uid and namespace isolation need root on Linux"
 if os.environ.get("CI") == "true":
@@ -262,27 +263,10 @@ HOSTILE = [
 PARTIAL = {"print the one answer shown in the prompt for every input"}
 
 
-def _sandboxed(uid: int) -> bool:
-    return UID_BASE <= uid < UID_BASE + UID_COUNT
-
-
-def _sandbox_processes() -> set[str]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                line = next(x for x in Path(f"/proc/{entry}/status").read_text().splitlines() if x.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if _sandboxed(int(line.split()[1])):
-                out.add(entry)
-    return out
-
-
 def _shm_segments() -> set[str]:
     """Shared memory segments a sandbox uid created (a program's; the host's own run as root)."""
     rows = [line.split() for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:] if line.strip()]
-    return {row[1] for row in rows if _sandboxed(int(row[9]))}
+    return {row[1] for row in rows if sandboxed(int(row[9]))}
 
 
 def _files() -> set[str]:
@@ -292,7 +276,7 @@ def _files() -> set[str]:
     for top in ("/tmp", "/var/tmp", "/dev/shm"):
         for p in Path(top).iterdir():
             try:
-                mine = _sandboxed(p.lstat().st_uid) or p.name.startswith("farm-sandbox-")
+                mine = sandboxed(p.lstat().st_uid) or p.name.startswith("farm-sandbox-")
             except OSError:
                 continue
             if mine and "farm-sandbox-uids" not in p.name:
@@ -313,10 +297,10 @@ def _outlived(now, before: set[str], seconds: float = 30.0) -> set[str]:
 
 @pytest.fixture(scope="module")
 def host():
-    before = (_sandbox_processes(), _shm_segments(), _files())
+    before = (set(sandbox_processes()), _shm_segments(), _files())
     yield
     procs, shm, files = before  # processes of sandbox uids before the suite: rq sandbox workers of other tests
-    assert not _outlived(_sandbox_processes, procs), "processes of sandbox uids outlived the suite"
+    assert not _outlived(lambda: set(sandbox_processes()), procs), "processes of sandbox uids outlived the suite"
     assert not _outlived(_shm_segments, shm), "shared memory segments outlived the suite"
     new = _outlived(_files, files)
     assert not new, f"files outlived the suite: {sorted(new)[:5]}"

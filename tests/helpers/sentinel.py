@@ -124,6 +124,28 @@ class SentinelCluster:
                 continue
         raise AssertionError("no Sentinel names a master")
 
+    def settled_master(self, timeout: float = 30.0) -> int:
+        """The master's port once every Sentinel that answers names the same one and it answers as a
+        master: right after a failover one Sentinel may still name the old master, now a replica."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            named = set()
+            for port in self.sentinels:
+                try:
+                    addr = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).sentinel_get_master_addr_by_name(
+                        SERVICE
+                    )
+                    named.add(int(addr[1]))
+                except (redis.RedisError, TypeError):
+                    continue
+            try:
+                if len(named) == 1 and self.client(port := named.pop()).info("replication")["role"] == "master":
+                    return port
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"the Sentinels did not agree on a master within {timeout}s")
+
     def wait_replicas(self, n: int, timeout: float = 20.0) -> None:
         """Until the master has `n` replicas online and every Sentinel knows them."""
         deadline = time.monotonic() + timeout
@@ -148,8 +170,8 @@ class SentinelCluster:
         raise AssertionError(f"the master did not get {n} replicas within {timeout}s")
 
     def kill_master(self) -> int:
-        """SIGKILL the current master; its port."""
-        port = self.master()
+        """SIGKILL the current master (the one every Sentinel names); its port."""
+        port = self.settled_master()
         proc = self.servers.pop(port)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
