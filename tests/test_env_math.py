@@ -155,9 +155,10 @@ async def test_a_spinning_comparison_is_stopped_at_its_cpu_limit(make_math):
     e = make_math(library_timeout_s=1.0)
     e.compare = spinning_compare
     t0 = time.monotonic()
-    with pytest.raises(VerifierTimeout, match="used more than 1.0s of CPU time"):
+    with pytest.raises(VerifierTimeout, match="used more than 1.0s of CPU time"):  # the CPU limit, not the wall
         await e.score(row("5"), None, said("\\boxed{5}"))
-    assert time.monotonic() - t0 < 5
+    # 1 CPU-second is more than 1 s of wall time on a loaded machine (a parallel run: 5.8 s once)
+    assert time.monotonic() - t0 < 10
     del e.compare  # back to math-verify, in the same pool
     assert (await e.score(row("5"), None, said("\\boxed{5}"))).reward == 1.0
 
