@@ -16,6 +16,22 @@ def test_the_tokenizer_config_names_a_class_both_transformers_versions_load():
     assert out == {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192}
 
 
+def test_prepare_builds_the_serving_venv_when_the_model_is_already_cached(tmp_path, monkeypatch):
+    """`farm policy prepare` in a fresh checkout on a machine whose model cache is full (another
+    checkout prepared it): the virtualenv is still built, not left to the first `farm policy serve`."""
+    from workers.policy.serving import server
+    from workers.policy.serving.model import MODEL_FILES, MODEL_NAME
+
+    model = tmp_path / "models" / MODEL_NAME
+    model.mkdir(parents=True)
+    for name in (*MODEL_FILES, "farm-model.json"):
+        (model / name).write_text("{}")
+    built: list[object] = []
+    monkeypatch.setattr(server, "serving_venv", lambda venv=None: built.append(venv) or tmp_path / "venv")
+    assert server.run_prepare(str(tmp_path / "models"), str(tmp_path / "venv")) == model.resolve()
+    assert built == [str(tmp_path / "venv")]
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_prepare_model_converts_the_wheels_gguf_into_a_float32_model(tmp_path, model_dir):

@@ -234,8 +234,9 @@ def start_server(
 
 
 def run_prepare(cache: Optional[str] = None, venv: Optional[str] = None) -> Path:
-    """`farm policy prepare`: the serving virtualenv and the model directory; returns the model's path."""
-    return prepare_model(Path(cache).expanduser() if cache else default_cache(), venv)
+    """`farm policy prepare`: the serving virtualenv and the model directory; returns the model's path.
+    Both, always: a model cached by another checkout does not make this checkout's virtualenv."""
+    return prepare_model(Path(cache).expanduser() if cache else default_cache(), serving_venv(venv))
 
 
 def run_serve(
