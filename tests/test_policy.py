@@ -9,6 +9,7 @@ mid-run (a second vLLM process would double the CPU load of this 2-core machine)
 import asyncio
 import json
 import math
+import socket
 from types import SimpleNamespace
 
 import aiohttp
@@ -266,15 +267,21 @@ async def test_task_sampling_with_agent_overrides(vllm, tokenizer):
 
 
 class Forwarder:
-    """A second 'replica': a TCP forwarder to the real server that can be stopped."""
+    """A second 'replica': a TCP forwarder to the real server that can be stopped. Its port stays
+    held once stopped (a bound socket that does not listen: connections are refused), so that no
+    other test's server of a parallel run takes the freed port and answers the health checks."""
 
     def __init__(self, target_port: int):
         self.target_port = target_port
         self.conns: set = set()
 
     async def start(self) -> str:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, reuse_port=True)
+        port = self.server.sockets[0].getsockname()[1]
+        self.hold = socket.socket()
+        self.hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self.hold.bind(("127.0.0.1", port))
+        return f"http://127.0.0.1:{port}"
 
     async def _handle(self, reader, writer):
         up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
@@ -297,6 +304,9 @@ class Forwarder:
         for w in self.conns:
             w.close()
         await self.server.wait_closed()
+
+    def release(self) -> None:
+        self.hold.close()
 
 
 async def test_two_replicas_survive_losing_one_mid_run(vllm, tokenizer, settings):
@@ -328,6 +338,7 @@ async def test_two_replicas_survive_losing_one_mid_run(vllm, tokenizer, settings
     w.request_stop()
     await asyncio.wait_for(run, 60)
     await client.aclose()
+    fwd.release()
     got = first | rest
     assert len(got) == 16 and all(r.status is not Status.failed for r in got.values()), [
         r.error for r in got.values() if r.error

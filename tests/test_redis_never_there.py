@@ -60,7 +60,9 @@ def run_farm(args: list[str], url: str, namespace: str, cwd: Path) -> tuple[int,
 
 def assert_one_line(code: int, out: str, took: float, url: str) -> None:
     assert code == 3, out
-    assert took < 5, f"took {took:.1f}s to say Redis is not there\n{out}"
+    # At once: not after redis_down_max_s (120 s). The bound leaves room for a loaded machine, where
+    # starting the CLI alone takes seconds.
+    assert took < 30, f"took {took:.1f}s to say Redis is not there\n{out}"
     lines = out.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out, out
     assert lines[0].startswith(f"farm: Redis at {url} unreachable") and "`farm redis`" in lines[0], out
@@ -76,10 +78,12 @@ def test_a_worker_started_with_no_redis_exits_3_at_once(tmp_path, namespace):
 @pytest.mark.slow
 def test_a_model_backed_worker_checks_redis_before_loading_its_tokenizer(tmp_path, namespace):
     """An agent that calls the policy loads its tokenizer (seconds) at start: Redis is asked first,
-    so a Redis never there is said at once, not after the load (4-10 s on a 2-core machine)."""
+    so a Redis never there is said at once, not after the load (4-10 s on a 2-core machine). The
+    tokenizer named is missing: loaded first, it would have been the error (exit 2), not Redis."""
     url = f"redis://127.0.0.1:{unused_port()}/0"
     env = farm_env(url, namespace)
     env["FARM_POLICY_URLS"] = f"http://127.0.0.1:{unused_port()}"
+    env["FARM_POLICY_TOKENIZER"] = str(tmp_path / "no-tokenizer")
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "farm", "worker", "--agent", "single_tool_call"],
@@ -91,7 +95,6 @@ def test_a_model_backed_worker_checks_redis_before_loading_its_tokenizer(tmp_pat
     )
     took = time.monotonic() - t0
     assert_one_line(proc.returncode, proc.stdout + proc.stderr, took, url)
-    assert took < 2.5, f"took {took:.1f}s: the agent was loaded before Redis was asked"
 
 
 @pytest.mark.slow

@@ -155,15 +155,14 @@ def farm_lines(err: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("key, value", [("use_vllm", True), ("vllm_mode", "colocate"), ("vllm_server_host", "0.0.0.0")])
 def test_a_key_the_farm_replaces_exits_2_in_one_line_before_the_model_loads(tmp_path, settings, key, value):
-    # model_name names no model: loading it would fail otherwise, and later.
+    # model_name names no model: loading it would fail otherwise, and later, so the one line naming
+    # the key says it came first (no wall-clock bound: a loaded machine's imports alone take 20-30 s).
     path = write_config(tmp_path, settings, [trainer_row(0)], "no/such-model", **{key: value})
-    started = time.monotonic()
     proc = farm_train(path, settings)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err
     assert err.strip().count("\n") == 0 and "Traceback" not in err, err
     assert key in err and "the farm samples" in err and "remove it" in err
-    assert time.monotonic() - started < 30
 
 
 def test_use_vllm_false_and_the_ignored_keys_are_accepted(tmp_path, caplog):
@@ -196,13 +195,12 @@ def test_an_agent_without_a_live_worker_exits_5_with_no_step_and_no_push(
 ):
     rows = [trainer_row(0, tokens=4), {**trainer_row(1), "agent_ref": {"type": "x", "name": "mcqa"}}]
     path = write_config(tmp_path, settings, rows, small_model, sync_urls=[weights_server.url])
-    started = time.monotonic()
     proc = farm_train(path, settings)
     out, err = proc.communicate(timeout=60)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 5, err
-    assert elapsed < 30
-    assert farm_lines(err) == [farm_lines(err)[0]] and "no live worker for agent mcqa" in err
+    # The pre-flight said it (after worker_wait_s = 3), not a rollout's 60 s timeout: no wall-clock
+    # bound needed, which a loaded machine's torch import alone (20-30 s) could break.
+    assert farm_lines(err) == [farm_lines(err)[0]] and "no live worker for agent mcqa (waited 3s" in err
     assert "Traceback" not in err
     assert weights_server.pushes == [] and not (tmp_path / "out").exists()
     assert sync_redis.get(settings.keys.policy_version()) is None
