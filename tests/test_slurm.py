@@ -339,9 +339,15 @@ def test_serve_job_against_external_redis_answers_tasks_and_drains_on_scancel(
     finally:
         cancel_if_running(cluster, job_id)
         r.close()
+    # The job's last lines may reach its output file a moment after Slurm says COMPLETED (a loaded run).
+    deadline = time.monotonic() + 15  # not wait_for: a log that never gets it is shown by the asserts below
+    while "done (exit" not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.25)
     log = log_path.read_text()
     assert cluster.job(job_id)["ExitCode"] == "0:0", log
     assert f"environment: {shared / 'venv'} is up to date" in log or "environment: building" in log, log
     assert "redis: " not in log and "stopping redis" not in log, log  # the external one: neither started nor stopped
-    stops = [log.index(s) for s in ("stop requested", "stopping worker pools", "done (exit 0)")]
+    lines = ("stop requested", "stopping worker pools", "done (exit 0)")
+    assert all(s in log for s in lines), log
+    stops = [log.index(s) for s in lines]
     assert stops == sorted(stops), log
