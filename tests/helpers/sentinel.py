@@ -112,32 +112,32 @@ class SentinelCluster:
                 time.sleep(0.05)
         raise AssertionError(f"redis on port {port} did not answer within {timeout}s")
 
-    def master(self) -> int:
-        """The master's port as the Sentinels name it (the first that answers)."""
+    def _named(self) -> list[int]:
+        """The master's port as each Sentinel that answers names it, in the Sentinels' order."""
+        named = []
         for port in self.sentinels:
             try:
-                host, master = redis.Redis(
-                    host="127.0.0.1", port=port, socket_timeout=1
-                ).sentinel_get_master_addr_by_name(SERVICE)
-                return int(master)
+                _, master = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).sentinel_get_master_addr_by_name(
+                    SERVICE
+                )
+                named.append(int(master))
             except (redis.RedisError, TypeError):
                 continue
-        raise AssertionError("no Sentinel names a master")
+        return named
+
+    def master(self) -> int:
+        """The master's port as the Sentinels name it (the first that answers)."""
+        named = self._named()
+        if not named:
+            raise AssertionError("no Sentinel names a master")
+        return named[0]
 
     def settled_master(self, timeout: float = 30.0) -> int:
         """The master's port once every Sentinel that answers names the same one and it answers as a
         master: right after a failover one Sentinel may still name the old master, now a replica."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            named = set()
-            for port in self.sentinels:
-                try:
-                    addr = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).sentinel_get_master_addr_by_name(
-                        SERVICE
-                    )
-                    named.add(int(addr[1]))
-                except (redis.RedisError, TypeError):
-                    continue
+            named = set(self._named())
             try:
                 if len(named) == 1 and self.client(port := named.pop()).info("replication")["role"] == "master":
                     return port
