@@ -103,10 +103,10 @@ async def rollouts(n: int, policy: OpenAIPolicy, env: LLMJudge, tag: str) -> tup
 @pytest.mark.parametrize("limit", [8, 32])
 async def test_the_limit_holds_and_an_outage_fails_rollouts_as_verifier_within_the_deadline(limit, tmp_path):
     """bench/judges.py's measurement, smaller: 256 rollouts at once; the judge stub (lognormal
-    latency) never holds more than the limit, and the pool fills it (the limit is what bounds
-    throughput: the stub's own count of requests at once can fall short of it when the machine is
-    loaded, the pool's cannot); with the judge killed every rollout's verifier fails within the deadline (plus the
-    event loop's lag) while its policy turn succeeds."""
+    latency) never holds more than the limit, and holds exactly it (the limit is what bounds
+    throughput; on a loaded machine the stub fell short of it, 30 of 32, hence the quiet phase); with
+    the judge killed every rollout's verifier fails within the deadline (plus the event loop's lag)
+    while its policy turn succeeds."""
     policy_stub = StubProcess(Script(chat_replies=[{"content": "Paris"}]), latency_s=0.0, workdir=tmp_path).start()
     judge = StubProcess(
         Script(chat_replies=[{"content": "[[A=B]]"}]), latency_s=0.02, latency_dist="lognormal", sigma=1.0, seed=0,
@@ -122,7 +122,7 @@ async def test_the_limit_holds_and_an_outage_fails_rollouts_as_verifier_within_t
         assert kinds == ["ok"] * 256
         asked = judge.stats()
         assert asked["POST /v1/chat/completions"] == 256
-        assert asked["max_pending"] <= limit == pool.judges["grader"].stats.max_in_flight, asked
+        assert asked["max_pending"] == limit == pool.judges["grader"].stats.max_in_flight, asked
         await pool.aclose()
         judge.stop()  # the outage: nothing listens on the judge's port any more
         pool = JudgePool({"grader": msgspec.structs.replace(config, deadline_s=1.0)})
