@@ -132,10 +132,10 @@ class ChatTokenizer:
     """The policy's tokenizer and chat template, loaded from a model directory or name."""
 
     def __init__(self, path: str):
-        from transformers import AutoTokenizer
+        from workers.policy.tokenizer_load import load_tokenizer
 
         self.path = path
-        self.tok = AutoTokenizer.from_pretrained(path)
+        self.tok = load_tokenizer(path)  # AutoTokenizer's, without its torch import where it can
         if not self.tok.chat_template:
             raise ValueError(f"tokenizer at {path} has no chat template")
         self.eos = self.tok.eos_token
