@@ -2,9 +2,10 @@
 
 transformers' `AutoTokenizer` imports torch (through its config classes) to decide which tokenizer
 class a model uses: about 4 s of a core on the farm's 2-core machine, in every worker and policy
-stub that starts, where the whole load takes 1.7 s without it (`bench/tokenizer_load.py`). The class it decides on is the only
-thing it adds: whichever branch it takes ends in `that_class.from_pretrained(path)`. So the class it
-chose for a directory is remembered, and later loads call that class's `from_pretrained` directly.
+stub that starts, where the whole load takes 1.7 s without it (`bench/tokenizer_load.py`). The
+class it decides on is the only thing it adds: whichever branch it takes ends in
+`that_class.from_pretrained(path)`. So the class it chose for a directory is remembered, and later
+loads call that class's `from_pretrained` directly.
 
 The memo is keyed by the directory's real path, transformers' version and the size and
 modification time of the files the choice reads (`tokenizer_config.json`, `config.json`,
