@@ -91,9 +91,10 @@ def test_a_corrupt_memo_is_ignored_and_replaced(tokenizer_dir, cache):
     assert type(tokenizer_load.load_tokenizer(str(tokenizer_dir))).__name__ == "TokenizersBackend"
     assert list(json.loads(memo.read_text()).values()) == ["TokenizersBackend"]
     key = next(iter(json.loads(memo.read_text())))
-    memo.write_text(json.dumps({key: "NoSuchTokenizerClass"}))  # a name transformers does not have
-    assert type(tokenizer_load.load_tokenizer(str(tokenizer_dir))).__name__ == "TokenizersBackend"
-    assert json.loads(memo.read_text()) == {key: "TokenizersBackend"}
+    for foreign in ("NoSuchTokenizerClass", "AutoConfig"):  # not in transformers; not a tokenizer
+        memo.write_text(json.dumps({key: foreign}))
+        assert type(tokenizer_load.load_tokenizer(str(tokenizer_dir))).__name__ == "TokenizersBackend"
+        assert json.loads(memo.read_text()) == {key: "TokenizersBackend"}
 
 
 def test_only_classes_transformers_exports_are_remembered(tmp_path, cache):

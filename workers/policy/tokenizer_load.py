@@ -42,7 +42,7 @@ def load_tokenizer(path: str) -> Any:
         import transformers
 
         cls = getattr(transformers, name, None)
-        if isinstance(cls, type):
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase):
             return cls.from_pretrained(path)
     from transformers import AutoTokenizer
 
