@@ -274,6 +274,7 @@ class Forwarder:
     def __init__(self, target_port: int):
         self.target_port = target_port
         self.conns: set = set()
+        self.stopped = False
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, reuse_port=True)
@@ -284,8 +285,18 @@ class Forwarder:
         return f"http://127.0.0.1:{port}"
 
     async def _handle(self, reader, writer):
+        # A connection accepted just before stop() may reach here after it: it must not outlive it
+        # (a pooled keep-alive connection that still forwards would bring the replica back).
+        self.conns.add(writer)
+        if self.stopped:
+            writer.close()
+            return
         up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self.conns.update({writer, up_w})
+        self.conns.add(up_w)
+        if self.stopped:  # stopped while this one connected upstream
+            writer.close()
+            up_w.close()
+            return
 
         async def pipe(src, dst):
             try:
@@ -300,6 +311,7 @@ class Forwarder:
         await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
 
     async def stop(self):
+        self.stopped = True
         self.server.close()
         for w in self.conns:
             w.close()
