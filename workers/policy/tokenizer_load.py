@@ -17,7 +17,6 @@ directories. It lives in `$XDG_CACHE_HOME/rollout-farm/tokenizer-classes.json` (
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from importlib import metadata
@@ -94,12 +93,12 @@ def _remember(key: str, cls: type) -> None:
     memo[key] = cls.__name__
     while len(memo) > _MAX_ENTRIES:
         memo.pop(next(iter(memo)))
+    from envs.data import DataError, atomic_output
+
     target = memo_path()
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(memo))
-        os.replace(tmp, target)
-    except OSError:  # a read-only home: every load decides again, as AutoTokenizer does
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        with atomic_output(target) as f:
+            f.write(json.dumps(memo))
+    except (OSError, DataError):  # a read-only home: every load decides again, as AutoTokenizer does
+        pass
